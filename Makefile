@@ -22,7 +22,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) data
 
-data: $(STAMP)
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+# the embedded image set: Debian's dataset-fashion-mnist (30 MB, Expat), where apt-get runs
+$(FASHION_MNIST):
+	@if command -v apt-get >/dev/null 2>&1; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y -q --no-install-recommends dataset-fashion-mnist >/dev/null \
+		|| { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends dataset-fashion-mnist >/dev/null; }; \
+	else echo "install Debian's dataset-fashion-mnist or set HETFL_FASHION_MNIST_DIR" >&2; exit 1; fi
+
+data: $(STAMP) $(if $(HETFL_FASHION_MNIST_DIR),,$(FASHION_MNIST))
 	$(BIN)/python -m models.data
 
 demo: setup

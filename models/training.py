@@ -1,4 +1,10 @@
-"""Local training and evaluation loops for sequence classifiers (no Flower code)."""
+"""Local training and evaluation loops for classifiers of any family (no Flower code).
+
+A batch is a mapping of the model's keyword inputs plus ``labels``; the model returns logits
+(a tensor, or a Hugging Face output with ``.logits``); the loss is the mean cross-entropy
+``-(1/B) sum_i log softmax(z_i)[y_i]`` (what Hugging Face's sequence classifiers compute for
+integer labels and more than one class).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 
@@ -56,17 +63,25 @@ def _batches(loader: DataLoader, settings: TrainSettings) -> Iterator[dict[str, 
             yield from loader
 
 
+def logits_and_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """``(logits, mean cross-entropy)`` of one batch."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    out = model(**inputs)
+    logits = out if isinstance(out, Tensor) else out.logits
+    return logits, F.cross_entropy(logits, batch["labels"])
+
+
 def train_classifier(model: nn.Module, loader: DataLoader, settings: TrainSettings) -> float:
     """Run local training; return the mean training loss."""
     model.train()
     opt = make_optimizer(model, settings.optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     total, n = 0.0, 0
     for batch in _batches(loader, settings):
-        out = model(**batch)
-        out.loss.backward()
+        _, loss = logits_and_loss(model, batch)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        total += float(out.loss.detach())
+        total += float(loss.detach())
         n += 1
     return total / max(n, 1)
 
@@ -77,10 +92,10 @@ def evaluate_classifier(model: nn.Module, loader: DataLoader) -> tuple[float, fl
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
     for batch in loader:
-        out = model(**batch)
+        logits, loss = logits_and_loss(model, batch)
         n = int(batch["labels"].shape[0])
-        loss_sum += float(out.loss) * n
-        correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
+        loss_sum += float(loss) * n
+        correct += int((logits.argmax(-1) == batch["labels"]).sum())
         count += n
     if count == 0:
         return float("nan"), float("nan"), 0

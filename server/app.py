@@ -14,10 +14,10 @@ from flwr.serverapp import Grid, ServerApp
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from models.data import num_labels, server_test_set, text_loader
+from models.data import DataSpec, num_labels, server_stats_set, server_test_set
+from models.images import image_shape
 from models.training import evaluate_classifier
-from models.transformer import bert_width_rules, build_variant_model, initial_states, load_tokenizer
-from server.config import WIDTH_METHODS, ConfigError, RunConfig
+from server.config import ConfigError, RunConfig
 from server.results import ResultsWriter
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
@@ -41,10 +41,10 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
     }
     if cfg.method == "local":
         return LocalTraining(**common)  # type: ignore[arg-type]
-    if cfg.method in WIDTH_METHODS:
-        rules = WidthRules(axes=bert_width_rules(cfg.catalog.largest.layout.names()))
+    if cfg.uses_width:
         return HeteroFL(
-            rules=rules,
+            rules=WidthRules(axes=cfg.family().width_rules(cfg.catalog)),
+            full=cfg.catalog.largest,
             rolling=cfg.method == "fedrolex",
             server_optimizer=cfg.heterofl_server_optimizer,
             adam=cfg.fedadam(),
@@ -55,24 +55,31 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
 
 
 class CentralEvaluator:
-    """Evaluate every variant's model(s) on the server's held-out test set."""
+    """Evaluate every variant's model(s) on the server's held-out test set.
+
+    For families with data-dependent normalization (the CNNs' static batch norm) the
+    statistics are first recomputed on a sample of the training split, as HeteroFL's server
+    does (:func:`models.data.server_stats_set`).
+    """
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        tok = load_tokenizer(cfg.model)
-        self.loader: DataLoader = text_loader(
-            server_test_set(cfg.data_spec()),
-            tok,
-            batch_size=cfg.eval_batch_size,
-            max_length=cfg.max_seq_len,
-            shuffle=False,
+        self.family = cfg.family()
+        spec = cfg.data_spec()
+        self.loader: DataLoader = self.family.loader(
+            server_test_set(spec), batch_size=cfg.eval_batch_size, shuffle=False
         )
+        self.stats: DataLoader | None = None
+        if self.family.data_kind == "image":
+            self.stats = self.family.loader(
+                server_stats_set(spec), batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
+            )
 
     def evaluate(self, variant: str, params: Mapping[str, Tensor]) -> tuple[float, float]:
         """``(loss, accuracy)`` of one model."""
-        model = build_variant_model(self.cfg.transformer_spec(), self.cfg.catalog.get(variant))
+        model = self.family.build(self.cfg.catalog.get(variant))
         model.load_state_dict(dict(params), strict=False)
-        loss, acc, _ = evaluate_classifier(model, self.loader)
+        loss, acc, _ = evaluate_classifier(self.family.for_evaluation(model, self.stats), self.loader)
         return loss, acc
 
     def __call__(self, models: Mapping[str, list[Mapping[str, Tensor]]]) -> dict[str, dict[str, float]]:
@@ -87,6 +94,21 @@ class CentralEvaluator:
         return out
 
 
+def check_data(cfg: RunConfig, spec: DataSpec) -> None:
+    """Fail fast when the data does not fit the configured model (classes, image shape)."""
+    classes = num_labels(spec)
+    if classes > cfg.num_labels:
+        raise ConfigError(
+            f"run config 'num-labels': {cfg.num_labels} but dataset {cfg.dataset!r} has {classes} classes"
+        )
+    if cfg.is_cnn:
+        c, h, w = image_shape(server_test_set(spec))
+        if c != cfg.image_channels:
+            raise ConfigError(f"run config 'image-channels': {cfg.image_channels} but the images have {c} channels")
+        if (h, w) != (cfg.image_size, cfg.image_size):
+            raise ConfigError(f"run config 'image-size': {cfg.image_size} but the images are {h}x{w}")
+
+
 def results_folder(cfg: RunConfig) -> Path:
     """``<results-dir>/<run-name or method-timestamp>``."""
     name = cfg.run_name or f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -97,14 +119,10 @@ def results_folder(cfg: RunConfig) -> Path:
 def main(grid: Grid, context: Context) -> None:
     """Run ``num-server-rounds`` rounds of the configured method and write results."""
     cfg = RunConfig.from_flower(context.run_config)
-    classes = num_labels(cfg.data_spec())
-    if classes > cfg.num_labels:
-        raise ConfigError(
-            f"run config 'num-labels': {cfg.num_labels} but dataset {cfg.dataset!r} has {classes} classes"
-        )
+    check_data(cfg, cfg.data_spec())
     strategy = build_strategy(cfg)
     torch.manual_seed(cfg.seed)
-    init = initial_states(cfg.transformer_spec(), cfg.catalog, seed=cfg.seed)
+    init = cfg.family().initial_states(cfg.catalog, seed=cfg.seed)
     if isinstance(strategy, HeteroFL):  # one full model; tiers are cut from it each round
         arrays = strategy.set_state({HeteroFL.GLOBAL: init[cfg.catalog.largest.name]})
     else:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
+from itertools import pairwise
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from models import cnn
 from models.catalog import VariantCatalog
 from models.data import DataSpec
+from models.family import CNNFamily, ModelFamily, TransformerFamily, parse_widths
 from models.training import TrainSettings
 from models.transformer import TransformerSpec, depth_catalog, matched_width_rates, width_catalog
 from strategies.fedadam import FedAdamConfig
@@ -23,6 +26,8 @@ from strategies.fedadam import FedAdamConfig
 Method = Literal["inclusivefl", "all-large", "all-small", "exclusive", "local", "heterofl", "fedrolex"]
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = ("heterofl", "fedrolex")
+#: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
+CNN_METHODS = (*WIDTH_METHODS, "all-small", "all-large", "exclusive")
 
 
 class ConfigError(ValueError):
@@ -52,6 +57,9 @@ class RunConfig(BaseModel):
     seed: int = 42
     # model and tiers
     model: str = "minilm-l6"
+    cnn_widths: str = "32:64:128:256"
+    image_channels: int = Field(1, ge=1)
+    image_size: int = Field(28, ge=4)
     tiers: str = "weak:medium:strong"
     tier_layers: str = "2:4:6"
     tier_proportions: str = "1:1:1"
@@ -84,6 +92,7 @@ class RunConfig(BaseModel):
     # data
     dataset: str = "embedded:rotten_tomatoes"
     text_column: str = "text"
+    image_column: str = "image"
     label_column: str = "label"
     num_labels: int = Field(2, ge=2)
     partitioner: Literal["iid", "dirichlet"] = "iid"
@@ -123,9 +132,17 @@ class RunConfig(BaseModel):
             raise ValueError(f"tier-widths must be 'auto' or increasing rates in (0, 1] ending at 1, got {v!r}")
         return v
 
+    @field_validator("cnn_widths")
+    @classmethod
+    def _cnn_widths(cls, v: str) -> str:
+        parse_widths(v)
+        return v
+
     @field_validator("tier_proportions", "tier_memory_mb")
     @classmethod
-    def _positive_numbers(cls, v: str) -> str:
+    def _positive_numbers(cls, v: str, info: ValidationInfo) -> str:
+        if v == "auto" and info.field_name == "tier_memory_mb":
+            return v
         values = [float(x) for x in split_list(v, "value")]
         if any(x < 0 for x in values) or sum(values) <= 0:
             raise ValueError(f"expected non-negative numbers with a positive sum, got {v!r}")
@@ -133,16 +150,21 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
+        if self.is_cnn and self.method not in CNN_METHODS:
+            raise ValueError(
+                f"run config 'method': {self.method!r} needs a depth-cut model; "
+                f"model {self.model!r} supports {CNN_METHODS}"
+            )
         n = len(self.tier_names)
         widths = () if self.tier_widths == "auto" else (("tier-widths", self.tier_widths),)
         for key, items in (
             *widths,
-            ("tier-layers", self.tier_layers),
+            *(() if self.is_cnn else (("tier-layers", self.tier_layers),)),  # CNNs are cut by width only
             ("tier-proportions", self.tier_proportions),
-            ("tier-memory-mb", self.tier_memory_mb),
+            *(() if self.tier_memory_mb == "auto" else (("tier-memory-mb", self.tier_memory_mb),)),
         ):
             if len(split_list(items, key)) != n:
-                raise ValueError(f"{key} has {len(split_list(items, key))} entries but tiers has {n}")
+                raise ValueError(f"run config '{key}' has {len(split_list(items, key))} entries but 'tiers' has {n}")
         return self
 
     # ----------------------------------------------------------------- views
@@ -154,8 +176,11 @@ class RunConfig(BaseModel):
         except ValidationError as exc:
             lines = []
             for err in exc.errors():
-                key = ".".join(str(x) for x in err["loc"]) or "(config)"
                 value = err.get("input")
+                if not err["loc"]:  # a cross-field check names its keys itself
+                    lines.append(str(err["msg"]).removeprefix("Value error, "))
+                    continue
+                key = ".".join(str(x) for x in err["loc"])
                 shown = "" if isinstance(value, dict) else f" (got {value!r})"
                 lines.append(f"run config '{key}': {err['msg']}{shown}")
             raise ConfigError("; ".join(lines)) from None
@@ -177,9 +202,40 @@ class RunConfig(BaseModel):
 
     @property
     def memory_budgets(self) -> dict[str, float]:
-        """Emulated memory budget (MiB) per tier."""
+        """Emulated memory budget (MiB) per tier.
+
+        ``"auto"``: tier ``i`` gets ``overhead + (e_i + e_{i+1}) / 2`` and the strongest
+        ``overhead + 1.25 e_n``, with ``e_i`` the estimate of the catalog's ``i``-th variant, so
+        every emulated tier fits exactly its own variant.
+        """
+        if self.tier_memory_mb == "auto":
+            est = [v.memory.total_mb for v in self.catalog]
+            tops = [(a + b) / 2 for a, b in pairwise(est)] + [1.25 * est[-1]]
+            values = [self.runtime_overhead_mb + t for t in tops]
+            return dict(zip(self.tier_names, values, strict=True))
         values = [float(x) for x in split_list(self.tier_memory_mb, "tier-memory-mb")]
         return dict(zip(self.tier_names, values, strict=True))
+
+    @property
+    def is_cnn(self) -> bool:
+        """Whether ``model`` names one of HeteroFL's CNNs (``conv``, ``preresnet18``)."""
+        return self.model in cnn.MODEL_NAMES
+
+    @property
+    def uses_width(self) -> bool:
+        """Whether tiers are width variants (HeteroFL/FedRolex, or any method on a CNN)."""
+        return self.method in WIDTH_METHODS or self.is_cnn
+
+    def family(self) -> ModelFamily:
+        """The model family the apps build variants from."""
+        if self.is_cnn:
+            return CNNFamily(
+                name=self.model,
+                base=parse_widths(self.cnn_widths),
+                in_channels=self.image_channels,
+                num_classes=self.num_labels,
+            )
+        return TransformerFamily(self.transformer_spec(), max_seq_len=self.max_seq_len)
 
     def transformer_spec(self) -> TransformerSpec:
         """Model family settings."""
@@ -191,7 +247,9 @@ class RunConfig(BaseModel):
         """Data settings."""
         return DataSpec(
             dataset=self.dataset,
+            kind="image" if self.is_cnn else "text",
             text_column=self.text_column,
+            image_column=self.image_column,
             label_column=self.label_column,
             partitioner=self.partitioner,
             dirichlet_alpha=self.dirichlet_alpha,
@@ -218,14 +276,35 @@ class RunConfig(BaseModel):
 
     @property
     def width_rates(self) -> list[float]:
-        """Width rate per tier: explicit, or matched to the depth variants' parameter counts."""
+        """Width rate per tier: explicit, or "auto".
+
+        "auto" matches the transformer's depth variants' parameter counts, and for a CNN halves
+        the rate per tier below the strongest (HeteroFL's levels: ..., 0.25, 0.5, 1).
+        """
+        if self.tier_widths == "auto" and self.is_cnn:
+            n = len(self.tier_names)
+            return [0.5 ** (n - 1 - i) for i in range(n)]
         if self.tier_widths == "auto":
             return matched_width_rates(self.transformer_spec(), [d for _, d in self.tier_depths])
         return [float(x) for x in split_list(self.tier_widths, "tier-widths")]
 
     @cached_property
     def catalog(self) -> VariantCatalog:
-        """Every tier's variant: width variants for HeteroFL/FedRolex, depth variants otherwise."""
+        """Every tier's variant: width variants for HeteroFL/FedRolex and CNNs, depth variants otherwise."""
+        if self.is_cnn:
+            try:
+                return cnn.width_catalog(
+                    self.model,
+                    list(zip(self.tier_names, self.width_rates, strict=True)),
+                    in_channels=self.image_channels,
+                    num_classes=self.num_labels,
+                    image_size=self.image_size,
+                    batch_size=self.batch_size,
+                    base=parse_widths(self.cnn_widths),
+                    optimizer=self.optimizer,
+                )
+            except ValueError as exc:
+                raise ConfigError(f"run config 'tier-widths': {exc}") from None
         if self.method in WIDTH_METHODS:
             try:
                 return width_catalog(

@@ -45,7 +45,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from models.catalog import VariantCatalog
+from models.catalog import Variant, VariantCatalog
 from strategies.base import HeterogeneousStrategy, Sent
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.streaming import StreamingMean
@@ -386,7 +386,11 @@ class HeteroFL(HeterogeneousStrategy):
     Parameters
     ----------
     catalog : VariantCatalog
-        Width variants, each with ``extra["rate"]``, smallest first; the largest must have rate 1.
+        Width variants published to nodes, each with ``extra["rate"]``, smallest first.
+    full : Variant, optional
+        The rate-1 variant whose layout the global model has; by default ``catalog.largest``.
+        A one-variant catalog of a smaller rate with ``full`` set is FedAvg on that sub-model
+        alone (the "smallest model only" baseline): only its slice is ever covered.
     rules : WidthRules
         Width groups of every tensor of the full model.
     rolling : bool
@@ -407,6 +411,7 @@ class HeteroFL(HeterogeneousStrategy):
         *,
         catalog: VariantCatalog,
         rules: WidthRules,
+        full: Variant | None = None,
         rolling: bool = False,
         weighting: str = "examples",
         server_optimizer: str = "average",
@@ -417,8 +422,9 @@ class HeteroFL(HeterogeneousStrategy):
             raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
         if server_optimizer not in ("average", "fedadam"):
             raise ValueError(f"server_optimizer must be 'average' or 'fedadam', got {server_optimizer!r}")
-        if float(catalog.largest.extra.get("rate", 0.0)) != 1.0:
-            raise ValueError("the largest HeteroFL variant must have rate 1.0 (the full model)")
+        self.full = full or catalog.largest
+        if float(self.full.extra.get("rate", 0.0)) != 1.0:
+            raise ValueError("the full HeteroFL variant must have rate 1.0")
         super().__init__(catalog=catalog, **kwargs)  # type: ignore[arg-type]
         self.rules = rules
         self.rolling = rolling
@@ -432,7 +438,7 @@ class HeteroFL(HeterogeneousStrategy):
         """Require exactly the full model under ``"global"``."""
         if set(state) != {self.GLOBAL}:
             raise ValueError(f"HeteroFL keeps one full model under {self.GLOBAL!r}, got {sorted(state)}")
-        if set(state[self.GLOBAL]) != set(self.catalog.largest.layout.names()):
+        if set(state[self.GLOBAL]) != set(self.full.layout.names()):
             raise ValueError("the global model does not match the full variant's layout")
         self.rules.group_sizes(state[self.GLOBAL])
 
@@ -463,7 +469,7 @@ class HeteroFL(HeterogeneousStrategy):
             old = self.state[self.GLOBAL]
             new = self._coverage.result(old)
             if self.server_optimizer == "fedadam":
-                trainable = self.catalog.largest.layout.trainable_names()
+                trainable = self.full.layout.trainable_names()
                 new = fedadam_step(old, {k: new[k] - old[k] for k in trainable}, self.adam, self.adam_cfg)
             self.state[self.GLOBAL] = new
         self._coverage = None

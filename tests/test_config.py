@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from deploy.launch import config_file_overrides, merge_overrides
+from models.catalog import choose_variant
 from server.config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,3 +67,36 @@ def test_training_catalog_per_method() -> None:
         ("all-small", ["weak"]),
     ):
         assert RunConfig(model="tiny", method=method).training_catalog.names() == names  # type: ignore[arg-type]
+
+
+def test_cnn_models_run_width_methods_only() -> None:
+    with pytest.raises(ConfigError, match=r"'method'.*depth-cut"):
+        RunConfig.from_flower({**pyproject_config(), "model": "conv", "method": "inclusivefl"})
+    cfg = RunConfig.from_flower({**pyproject_config(), "model": "conv", "method": "all-small", "num-labels": 10})
+    assert cfg.uses_width and cfg.width_rates == [0.25, 0.5, 1.0]
+    assert cfg.training_catalog.names() == ["weak"] and cfg.catalog.largest.extra["rate"] == 1.0
+    with pytest.raises(ConfigError, match="cnn-widths"):
+        RunConfig.from_flower({**pyproject_config(), "model": "conv", "method": "heterofl", "cnn-widths": "8:0"})
+
+
+@pytest.mark.parametrize("model", ["conv", "preresnet18", "tiny"])
+def test_auto_memory_budgets_give_every_tier_its_own_variant(model: str) -> None:
+    method = "inclusivefl" if model == "tiny" else "heterofl"
+    cfg = RunConfig.model_validate({"model": model, "method": method, "tier-memory-mb": "auto"})
+    estimates = {v.name: v.memory.total_mb for v in cfg.catalog}
+    for tier, budget in cfg.memory_budgets.items():
+        chosen, _ = choose_variant(estimates, budget, cfg.runtime_overhead_mb)
+        assert chosen == tier, (tier, budget, estimates)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "configs").glob("*.toml")), ids=lambda p: p.stem)
+def test_shipped_run_configs_are_valid(path: Path) -> None:
+    pairs = config_file_overrides(path)
+    values = {k: tomllib.loads(f"v = {v}")["v"] for k, v in re.findall(r"(\S+?)=('[^']*'|\S+)", pairs)}
+    assert values == tomllib.loads(path.read_text())
+    cfg = RunConfig.from_flower({**pyproject_config(), **values})
+    assert len(cfg.training_catalog) >= 1
+
+
+def test_launcher_overrides_later_values_win() -> None:
+    assert merge_overrides("a='x y' b=2", "b=3 c=true") == "a='x y' b=3 c=true"

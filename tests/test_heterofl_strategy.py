@@ -96,3 +96,25 @@ def test_fedadam_server_optimizer_applies_the_coverage_delta() -> None:
     step = s.state["global"][Q] - before[Q]
     torch.testing.assert_close(step, torch.full_like(step, eta_t * 0.05 / (0.05 + a.tau)))
     assert s.adam.step == 1
+
+
+def test_fedavg_on_the_smallest_cnn_only_touches_its_slice() -> None:
+    """``all-small`` on a CNN: HeteroFL over a one-variant catalog = FedAvg of the rate-1/4 model."""
+    cfg = RunConfig.from_flower({"model": "conv", "method": "all-small", "num-labels": 10, "cnn-widths": "8:16:32:64"})
+    s = build_strategy(cfg)
+    assert isinstance(s, HeteroFL) and s.catalog.names() == ["weak"] and s.full.name == "strong"
+    full = cfg.family().initial_states(cfg.catalog, seed=0)["strong"]
+    s.set_state({HeteroFL.GLOBAL: full})
+    before = {k: v.clone() for k, v in full.items()}
+    payload = s.variant_payload(1, "weak")
+    assert payload["blocks.0.conv.weight"].shape == (2, 1, 3, 3)
+    replies = [
+        reply(sent(s, n, "weak"), trained(payload, shift), num_examples=w)
+        for n, shift, w in ((1, 1.0, 10), (2, 3.0, 30))
+    ]
+    s.aggregate_train(1, replies)
+    w = s.state["global"]["blocks.1.conv.weight"]
+    old = before["blocks.1.conv.weight"]
+    torch.testing.assert_close(w[:4, :2], old[:4, :2] + 2.5)  # (10 * 1 + 30 * 3) / 40
+    assert torch.equal(w[4:], old[4:]) and torch.equal(w[:, 2:], old[:, 2:])  # outside the slice: untouched
+    assert s.models_for_evaluation().keys() == {"weak"}

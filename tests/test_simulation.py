@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from deploy.launch import run_simulation
+from server.config import RunConfig
 from tests.flower_runs import TINY, read_rounds, tiny_budgets, tiny_depths, tiny_trainable_bytes
 
 
@@ -89,3 +90,35 @@ def test_width_methods_train_every_tier_on_its_width(tmp_path: Path, method: str
             data_bytes, tensors = sizes[tier]
             per_client_up = vals["bytes-up"] / vals["clients"]
             assert data_bytes + 64 * tensors <= per_client_up <= data_bytes + 256 * tensors, (tier, per_client_up)
+
+
+#: HeteroFL's conv net, 4x narrower than the default, on the embedded Fashion-MNIST.
+CNN_TINY = (
+    "model='conv' cnn-widths='4:8:16:32' dataset='embedded:fashion_mnist' num-labels=10 "
+    "optimizer='sgd' lr=0.05 batch-size=32 tier-memory-mb='auto' tier-widths='auto'"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("method", "expected_clients"),
+    [("heterofl", {"weak": 2, "medium": 2, "strong": 2}), ("all-small", {"weak": 6})],
+)
+def test_cnn_width_tiers_on_fashion_mnist(tmp_path: Path, method: str, expected_clients: dict[str, int]) -> None:
+    folder = simulate(tmp_path, f"cnn-{method}", f"{CNN_TINY} method='{method}' num-server-rounds=2")
+    cfg = RunConfig.model_validate(
+        {"model": "conv", "cnn-widths": "4:8:16:32", "num-labels": 10, "method": method, "batch-size": 32}
+    )
+    rows = read_rounds(folder)
+    for row in rows[1:]:
+        assert row["rejected"] == [] and row["failed"] == []
+        assert {t: v["clients"] for t, v in row["tiers"].items() if "clients" in v} == expected_clients
+        for tier, n in expected_clients.items():
+            vals = row["tiers"][tier]
+            layout = cfg.catalog.get(tier).layout
+            per_client_up = vals["bytes-up"] / n
+            # exactly the rate's sub-model (every CNN tensor is trained), plus one .npy header each
+            assert layout.nbytes() + 64 * len(layout) <= per_client_up <= layout.nbytes() + 256 * len(layout)
+            assert 0.0 <= vals["fed-accuracy"] <= 1.0  # evaluated on the client after sBN
+    assert rows[-1]["tiers"]["weak"]["local-accuracy"] > 0.1  # the server's sBN evaluation beats chance

@@ -1,0 +1,161 @@
+"""Model families behind one interface, so the Flower apps never branch on the model kind.
+
+A :class:`ModelFamily` knows how to build a catalog variant, the initial full-model weights,
+the width groups of its tensors (for HeteroFL / FedRolex), how to turn a dataset into batches,
+and what to do to a trained model before evaluation.  Two families:
+
+* :class:`TransformerFamily` -- BERT-style text classifiers (:mod:`models.transformer`), cut by
+  depth (InclusiveFL and its baselines) or by width (HeteroFL, FedRolex); batches are tokenized
+  text; evaluation uses the model as trained.
+* :class:`CNNFamily` -- HeteroFL's conv net and PreResNet-18 (:mod:`models.cnn`), cut by width;
+  batches are ``{"x": images, "labels": labels}``; evaluation first recomputes the static
+  batch-norm statistics on training data (HeteroFL's sBN, :func:`models.cnn.recompute_bn_statistics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from datasets import Dataset
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from models.catalog import Variant, VariantCatalog
+from models.cnn import build_cnn, recompute_bn_statistics, width_rules
+from models.data import text_loader
+from models.images import image_loader
+from models.transformer import (
+    TransformerSpec,
+    bert_width_rules,
+    build_variant_model,
+    initial_states,
+    load_tokenizer,
+)
+
+AxisGroups = dict[str, tuple[str | None, ...]]
+
+
+class ModelFamily(Hashable, Protocol):
+    """What the client and server apps need from a model family (hashable: loaders are cached by it)."""
+
+    @property
+    def data_kind(self) -> str:
+        """``"text"`` or ``"image"``: the kind of input column the family reads."""
+        ...
+
+    def build(self, variant: Variant) -> nn.Module:
+        """A model of ``variant`` (weights are loaded from a server message afterwards)."""
+        ...
+
+    def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
+        """Initial weights of every full-width variant of ``catalog``, keyed by variant name."""
+        ...
+
+    def width_rules(self, catalog: VariantCatalog) -> AxisGroups:
+        """Width group per axis of every tensor of ``catalog.largest``."""
+        ...
+
+    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+        """Batches of ``ds`` as keyword arguments of the model plus ``labels``."""
+        ...
+
+    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
+        """The model to evaluate (``stats``: training batches, where the family needs them)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TransformerFamily:
+    """BERT-style text classifiers (depth or width variants)."""
+
+    spec: TransformerSpec
+    max_seq_len: int = 48
+    data_kind: str = "text"
+
+    def build(self, variant: Variant) -> nn.Module:
+        """The variant's randomly initialised model (word embeddings frozen per the spec)."""
+        return build_variant_model(self.spec, variant)
+
+    def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
+        """Pretrained prefix of every depth variant (see :func:`models.transformer.initial_states`)."""
+        return initial_states(self.spec, catalog, seed=seed)
+
+    def width_rules(self, catalog: VariantCatalog) -> AxisGroups:
+        """:func:`models.transformer.bert_width_rules` of the largest variant."""
+        return bert_width_rules(catalog.largest.layout.names())
+
+    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+        """Tokenized batches, padded per batch, truncated at ``max_seq_len``."""
+        tok = load_tokenizer(self.spec.source)
+        return text_loader(ds, tok, batch_size=batch_size, max_length=self.max_seq_len, shuffle=shuffle, seed=seed)
+
+    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
+        """The model itself (layer norm has no data statistics)."""
+        return model
+
+
+@dataclass(frozen=True)
+class CNNFamily:
+    """HeteroFL's CNNs (``"conv"``, ``"preresnet18"``) cut by width.
+
+    Attributes
+    ----------
+    name : str
+        ``"conv"`` or ``"preresnet18"``.
+    base : tuple[int, ...]
+        Hidden channels of the full model (HeteroFL: ``(64, 128, 256, 512)``).
+    in_channels : int
+        Image channels (1 for Fashion-MNIST, 3 for CIFAR-10/SVHN).
+    num_classes : int
+    stats_batches : int
+        Training batches used to recompute the static batch-norm statistics before evaluation.
+
+    """
+
+    name: str
+    base: tuple[int, ...]
+    in_channels: int
+    num_classes: int
+    stats_batches: int = 20
+    data_kind: str = "image"
+
+    def build(self, variant: Variant) -> nn.Module:
+        """The model at the variant's ``extra["rate"]`` (1.0 when absent)."""
+        rate = float(variant.extra.get("rate", 1.0))
+        return build_cnn(self.name, rate, in_channels=self.in_channels, num_classes=self.num_classes, base=self.base)
+
+    def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
+        """One seeded full model (rate 1) under the name of every rate-1 variant."""
+        torch.manual_seed(seed)
+        model = build_cnn(self.name, 1.0, in_channels=self.in_channels, num_classes=self.num_classes, base=self.base)
+        full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {v.name: dict(full) for v in catalog if float(v.extra.get("rate", 1.0)) == 1.0}
+
+    def width_rules(self, catalog: VariantCatalog) -> AxisGroups:
+        """:func:`models.cnn.width_rules` of the full model (built on the meta device)."""
+        with torch.device("meta"):
+            full = build_cnn(self.name, 1.0, in_channels=self.in_channels, num_classes=self.num_classes, base=self.base)
+        return width_rules(self.name, full)
+
+    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+        """``{"x", "labels"}`` batches of normalized images."""
+        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed)
+
+    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
+        """HeteroFL's sBN: norms re-estimated on up to ``stats_batches`` training batches."""
+        if stats is None:
+            raise ValueError("CNN evaluation needs training batches to recompute batch-norm statistics")
+        batches = [b for _, b in zip(range(self.stats_batches), stats, strict=False)]
+        return recompute_bn_statistics(model, batches, input_key="x")
+
+
+def parse_widths(value: str) -> tuple[int, ...]:
+    """``"16:32:64:128"`` -> ``(16, 32, 64, 128)``."""
+    sep = ":" if ":" in value else ","
+    widths = tuple(int(x) for x in value.split(sep))
+    if not widths or min(widths) < 1:
+        raise ValueError(f"expected positive channel counts, got {value!r}")
+    return widths
