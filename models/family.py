@@ -10,6 +10,9 @@ and what to do to a trained model before evaluation.  Two families:
 * :class:`CNNFamily` -- HeteroFL's conv net and PreResNet-18 (:mod:`models.cnn`), cut by width;
   batches are ``{"x": images, "labels": labels}``; evaluation first recomputes the static
   batch-norm statistics on training data (HeteroFL's sBN, :func:`models.cnn.recompute_bn_statistics`).
+* :class:`ArchitectureFamily` -- FlexiFed's different architectures of one family (CIFAR VGG-11/13/
+  16/19, ResNet-20/32/44/56, :mod:`models.architectures`), one variant per architecture; image
+  batches and sBN evaluation as for the CNNs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from datasets import Dataset
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from models.architectures import ArchLayer, architecture_layers, build_architecture
 from models.catalog import Variant, VariantCatalog
 from models.cnn import build_cnn, recompute_bn_statistics, width_rules
 from models.data import text_loader
@@ -146,10 +150,71 @@ class CNNFamily:
 
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """HeteroFL's sBN: norms re-estimated on up to ``stats_batches`` training batches."""
-        if stats is None:
-            raise ValueError("CNN evaluation needs training batches to recompute batch-norm statistics")
-        batches = [b for _, b in zip(range(self.stats_batches), stats, strict=False)]
-        return recompute_bn_statistics(model, batches, input_key="x")
+        return static_bn_evaluation(model, stats, self.stats_batches)
+
+
+def static_bn_evaluation(model: nn.Module, stats: DataLoader | None, max_batches: int) -> nn.Module:
+    """An sBN copy of ``model`` whose norms average the statistics of up to ``max_batches`` batches."""
+    if stats is None:
+        raise ValueError("evaluating a model with static batch norm needs training batches for its statistics")
+    batches = [b for _, b in zip(range(max_batches), stats, strict=False)]
+    return recompute_bn_statistics(model, batches, input_key="x")
+
+
+@dataclass(frozen=True)
+class ArchitectureFamily:
+    """FlexiFed's architectures (VGG / ResNet) at one width multiplier; variant = architecture.
+
+    Attributes
+    ----------
+    width : float
+        Channel multiplier of every architecture (1.0 = the CIFAR definitions).
+    in_channels, num_classes : int
+    stats_batches : int
+        Training batches used to recompute the static batch-norm statistics before evaluation.
+
+    """
+
+    width: float
+    in_channels: int
+    num_classes: int
+    stats_batches: int = 20
+    data_kind: str = "image"
+
+    def build(self, variant: Variant) -> nn.Module:
+        """The architecture named by ``variant.extra["arch"]``."""
+        return build_architecture(
+            str(variant.extra["arch"]), width=self.width, in_channels=self.in_channels, num_classes=self.num_classes
+        )
+
+    def layers(self, catalog: VariantCatalog) -> dict[str, tuple[ArchLayer, ...]]:
+        """Per variant, its parameterized layers (signatures and tensor names) in forward order."""
+        return {
+            v.name: architecture_layers(
+                str(v.extra["arch"]), width=self.width, in_channels=self.in_channels, num_classes=self.num_classes
+            )
+            for v in catalog
+        }
+
+    def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
+        """Every architecture initialised with ``seed`` (independently; common layers meet after round 1)."""
+        out = {}
+        for v in catalog:
+            torch.manual_seed(seed)
+            out[v.name] = {k: t.detach().clone() for k, t in self.build(v).state_dict().items()}
+        return out
+
+    def width_rules(self, catalog: VariantCatalog) -> AxisGroups:
+        """Architectures are not cut by width."""
+        raise ValueError("FlexiFed architectures have no width variants")
+
+    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+        """``{"x", "labels"}`` batches of normalized images."""
+        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed)
+
+    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
+        """SBN copy (static batch norm, as :class:`CNNFamily`)."""
+        return static_bn_evaluation(model, stats, self.stats_batches)
 
 
 def parse_widths(value: str) -> tuple[int, ...]:

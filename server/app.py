@@ -15,12 +15,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from models.data import DataSpec, num_labels, server_stats_set, server_test_set
+from models.family import ArchitectureFamily
 from models.images import image_shape
 from models.training import evaluate_classifier
-from server.config import ConfigError, RunConfig
+from server.config import FLEXIFED_MODES, ConfigError, RunConfig
 from server.results import ResultsWriter
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
+from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL, WidthRules
 from strategies.inclusivefl import InclusiveFL
 
@@ -41,9 +43,18 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
     }
     if cfg.method == "local":
         return LocalTraining(**common)  # type: ignore[arg-type]
+    family = cfg.family()
+    if isinstance(family, ArchitectureFamily):
+        return FlexiFed(
+            signatures=family.layers(cfg.catalog),
+            mode=FLEXIFED_MODES[cfg.method],
+            uniform=cfg.flexifed_uniform,
+            share_classifier=cfg.flexifed_share_classifier,
+            **common,  # type: ignore[arg-type]
+        )
     if cfg.uses_width:
         return HeteroFL(
-            rules=WidthRules(axes=cfg.family().width_rules(cfg.catalog)),
+            rules=WidthRules(axes=family.width_rules(cfg.catalog)),
             full=cfg.catalog.largest,
             rolling=cfg.method == "fedrolex",
             server_optimizer=cfg.heterofl_server_optimizer,
@@ -101,7 +112,7 @@ def check_data(cfg: RunConfig, spec: DataSpec) -> None:
         raise ConfigError(
             f"run config 'num-labels': {cfg.num_labels} but dataset {cfg.dataset!r} has {classes} classes"
         )
-    if cfg.is_cnn:
+    if cfg.image_data:
         c, h, w = image_shape(server_test_set(spec))
         if c != cfg.image_channels:
             raise ConfigError(f"run config 'image-channels': {cfg.image_channels} but the images have {c} channels")

@@ -16,18 +16,43 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from models import cnn
+from models.architectures import RESNET_BLOCKS, VGG_CONFIGS, architecture_catalog
 from models.catalog import VariantCatalog
 from models.data import DataSpec
-from models.family import CNNFamily, ModelFamily, TransformerFamily, parse_widths
+from models.family import ArchitectureFamily, CNNFamily, ModelFamily, TransformerFamily, parse_widths
 from models.training import TrainSettings
 from models.transformer import TransformerSpec, depth_catalog, matched_width_rates, width_catalog
 from strategies.fedadam import FedAdamConfig
 
-Method = Literal["inclusivefl", "all-large", "all-small", "exclusive", "local", "heterofl", "fedrolex"]
+Method = Literal[
+    "inclusivefl",
+    "all-large",
+    "all-small",
+    "exclusive",
+    "local",
+    "heterofl",
+    "fedrolex",
+    "flexifed-basic",
+    "flexifed-clustered",
+    "flexifed-max",
+    "clustered-fl",
+    "standalone",
+]
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = ("heterofl", "fedrolex")
 #: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
 CNN_METHODS = (*WIDTH_METHODS, "all-small", "all-large", "exclusive")
+#: FlexiFed's methods and baselines, mapped to ``strategies.flexifed`` modes; they need an
+#: architecture family (``model = "vgg"`` or ``"resnet"``, tiers naming its architectures).
+FLEXIFED_MODES = {
+    "flexifed-basic": "basic",
+    "flexifed-clustered": "clustered",
+    "flexifed-max": "max",
+    "clustered-fl": "clustered-fl",
+    "standalone": "standalone",
+}
+#: Architecture families and their members.
+ARCH_FAMILIES = {"vgg": tuple(VGG_CONFIGS), "resnet": tuple(RESNET_BLOCKS)}
 
 
 class ConfigError(ValueError):
@@ -58,6 +83,9 @@ class RunConfig(BaseModel):
     # model and tiers
     model: str = "minilm-l6"
     cnn_widths: str = "32:64:128:256"
+    arch_width: float = Field(0.25, gt=0.0, le=4.0)
+    flexifed_uniform: bool = False
+    flexifed_share_classifier: bool = False
     image_channels: int = Field(1, ge=1)
     image_size: int = Field(28, ge=4)
     tiers: str = "weak:medium:strong"
@@ -150,6 +178,21 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
+        if self.is_architectures:
+            if self.method not in FLEXIFED_MODES:
+                raise ValueError(
+                    f"run config 'method': {self.method!r} does not apply to architecture family {self.model!r}; "
+                    f"use one of {tuple(FLEXIFED_MODES)}"
+                )
+            unknown = [t for t in self.tier_names if t not in ARCH_FAMILIES[self.model]]
+            if unknown:
+                raise ValueError(
+                    f"run config 'tiers': {unknown} are not {self.model!r} architectures {ARCH_FAMILIES[self.model]}"
+                )
+        elif self.method in FLEXIFED_MODES:
+            raise ValueError(
+                f"run config 'method': {self.method!r} needs model 'vgg' or 'resnet' (architectures as tiers)"
+            )
         if self.is_cnn and self.method not in CNN_METHODS:
             raise ValueError(
                 f"run config 'method': {self.method!r} needs a depth-cut model; "
@@ -159,7 +202,7 @@ class RunConfig(BaseModel):
         widths = () if self.tier_widths == "auto" else (("tier-widths", self.tier_widths),)
         for key, items in (
             *widths,
-            *(() if self.is_cnn else (("tier-layers", self.tier_layers),)),  # CNNs are cut by width only
+            *(() if self.is_cnn or self.is_architectures else (("tier-layers", self.tier_layers),)),
             ("tier-proportions", self.tier_proportions),
             *(() if self.tier_memory_mb == "auto" else (("tier-memory-mb", self.tier_memory_mb),)),
         ):
@@ -212,7 +255,7 @@ class RunConfig(BaseModel):
             est = [v.memory.total_mb for v in self.catalog]
             tops = [(a + b) / 2 for a, b in pairwise(est)] + [1.25 * est[-1]]
             values = [self.runtime_overhead_mb + t for t in tops]
-            return dict(zip(self.tier_names, values, strict=True))
+            return dict(zip(self.catalog.names(), values, strict=True))
         values = [float(x) for x in split_list(self.tier_memory_mb, "tier-memory-mb")]
         return dict(zip(self.tier_names, values, strict=True))
 
@@ -222,12 +265,26 @@ class RunConfig(BaseModel):
         return self.model in cnn.MODEL_NAMES
 
     @property
+    def is_architectures(self) -> bool:
+        """Whether ``model`` names an architecture family (FlexiFed: ``vgg``, ``resnet``)."""
+        return self.model in ARCH_FAMILIES
+
+    @property
+    def image_data(self) -> bool:
+        """Whether the model reads images (CNNs and architecture families)."""
+        return self.is_cnn or self.is_architectures
+
+    @property
     def uses_width(self) -> bool:
         """Whether tiers are width variants (HeteroFL/FedRolex, or any method on a CNN)."""
         return self.method in WIDTH_METHODS or self.is_cnn
 
     def family(self) -> ModelFamily:
         """The model family the apps build variants from."""
+        if self.is_architectures:
+            return ArchitectureFamily(
+                width=self.arch_width, in_channels=self.image_channels, num_classes=self.num_labels
+            )
         if self.is_cnn:
             return CNNFamily(
                 name=self.model,
@@ -247,7 +304,7 @@ class RunConfig(BaseModel):
         """Data settings."""
         return DataSpec(
             dataset=self.dataset,
-            kind="image" if self.is_cnn else "text",
+            kind="image" if self.image_data else "text",
             text_column=self.text_column,
             image_column=self.image_column,
             label_column=self.label_column,
@@ -290,7 +347,17 @@ class RunConfig(BaseModel):
 
     @cached_property
     def catalog(self) -> VariantCatalog:
-        """Every tier's variant: width variants for HeteroFL/FedRolex and CNNs, depth variants otherwise."""
+        """Every tier's variant: architectures, width variants (HeteroFL/FedRolex, CNNs) or depth variants."""
+        if self.is_architectures:
+            return architecture_catalog(
+                self.tier_names,
+                width=self.arch_width,
+                in_channels=self.image_channels,
+                num_classes=self.num_labels,
+                image_size=self.image_size,
+                batch_size=self.batch_size,
+                optimizer=self.optimizer,
+            )
         if self.is_cnn:
             try:
                 return cnn.width_catalog(

@@ -10,7 +10,9 @@ import pytest
 
 from deploy.launch import config_file_overrides, merge_overrides
 from models.catalog import choose_variant
+from server.app import build_strategy
 from server.config import ConfigError, RunConfig
+from strategies.flexifed import FlexiFed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,3 +102,26 @@ def test_shipped_run_configs_are_valid(path: Path) -> None:
 
 def test_launcher_overrides_later_values_win() -> None:
     assert merge_overrides("a='x y' b=2", "b=3 c=true") == "a='x y' b=3 c=true"
+
+
+def test_flexifed_methods_need_an_architecture_family() -> None:
+    base = {**pyproject_config(), "num-labels": 10}
+    with pytest.raises(ConfigError, match=r"'method'.*'vgg' or 'resnet'"):
+        RunConfig.from_flower({**base, "method": "flexifed-max"})
+    with pytest.raises(ConfigError, match=r"'tiers'.*resnet20"):
+        RunConfig.from_flower({**base, "model": "vgg", "method": "flexifed-max", "tiers": "vgg11:resnet20"})
+    with pytest.raises(ConfigError, match=r"'method'.*'heterofl'"):
+        RunConfig.from_flower({**base, "model": "resnet", "method": "heterofl", "tiers": "resnet20:resnet32"})
+    cfg = RunConfig.from_flower(
+        {
+            **base,
+            "model": "resnet",
+            "method": "clustered-fl",
+            "tiers": "resnet56:resnet20",
+            "tier-proportions": "1:1",
+            "tier-memory-mb": "auto",
+        }
+    )
+    assert cfg.catalog.names() == ["resnet20", "resnet56"]  # smallest estimate first, whatever the tier order
+    strategy = build_strategy(cfg)
+    assert isinstance(strategy, FlexiFed) and strategy.mode == "clustered-fl"

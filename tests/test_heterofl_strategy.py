@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import torch
+from transformers import BertConfig
 
-from models.transformer import bert_width_rules, initial_states, width_config
+from models.transformer import (
+    TransformerSpec,
+    bert_width_rules,
+    config_layout,
+    depth_layout,
+    initial_states,
+    matched_width_rates,
+    width_config,
+)
 from server.app import build_strategy
 from server.config import RunConfig
 from strategies.heterofl import HeteroFL
@@ -118,3 +127,26 @@ def test_fedavg_on_the_smallest_cnn_only_touches_its_slice() -> None:
     torch.testing.assert_close(w[:4, :2], old[:4, :2] + 2.5)  # (10 * 1 + 30 * 3) / 40
     assert torch.equal(w[4:], old[4:]) and torch.equal(w[:, 2:], old[:, 2:])  # outside the slice: untouched
     assert s.models_for_evaluation().keys() == {"weak"}
+
+
+def bert_classifier_params(cfg: BertConfig) -> int:
+    """``(V + P + T + 2) h + L (4 h^2 + 2 h i + 9 h + i) + h^2 + h + C h + C`` for hidden ``h``, intermediate ``i``."""
+    h, i, n_layers, classes = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_labels
+    embeddings = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size + 2) * h
+    per_layer = 4 * h * h + 2 * h * i + 9 * h + i  # Q, K, V, attention output, 2 LayerNorms, feed-forward in/out
+    return embeddings + n_layers * per_layer + h * h + h + classes * h + classes
+
+
+def test_minilm_width_variants_match_the_formula_and_the_depth_variants() -> None:
+    spec = TransformerSpec()  # the embedded MiniLM-L6: 12 heads of 32, intermediate 1536
+    for rate in (1 / 12, 0.25, 0.5, 0.75, 1.0):
+        cfg = width_config(spec, rate)
+        k = round(rate * 12)
+        assert (cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size) == (k, 32 * k, 128 * k)
+        assert config_layout(spec, cfg).num_params() == bert_classifier_params(cfg)
+    rates = matched_width_rates(spec, [2, 4, 6])
+    assert rates == [9 / 12, 11 / 12, 1.0]
+    for depth, rate in zip((2, 4, 6), rates, strict=True):
+        width_count = config_layout(spec, width_config(spec, rate)).num_params()
+        depth_count = depth_layout(spec, depth).num_params()
+        assert abs(width_count - depth_count) <= 0.05 * depth_count, (depth, width_count, depth_count)

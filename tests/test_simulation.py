@@ -122,3 +122,38 @@ def test_cnn_width_tiers_on_fashion_mnist(tmp_path: Path, method: str, expected_
             assert layout.nbytes() + 64 * len(layout) <= per_client_up <= layout.nbytes() + 256 * len(layout)
             assert 0.0 <= vals["fed-accuracy"] <= 1.0  # evaluated on the client after sBN
     assert rows[-1]["tiers"]["weak"]["local-accuracy"] > 0.1  # the server's sBN evaluation beats chance
+
+
+#: FlexiFed's four VGGs at width 1/16 on the embedded Fashion-MNIST.
+VGG_TINY = (
+    "model='vgg' arch-width=0.0625 tiers='vgg11:vgg13:vgg16:vgg19' tier-proportions='1:1:1:1' "
+    "tier-memory-mb='auto' dataset='embedded:fashion_mnist' num-labels=10 optimizer='sgd' lr=0.05 batch-size=32"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_flexifed_max_common_with_four_vgg_architectures(tmp_path: Path) -> None:
+    folder = simulate(tmp_path, "flexifed", f"{VGG_TINY} method='flexifed-max' num-server-rounds=2")
+    cfg = RunConfig.model_validate(
+        {"model": "vgg", "arch-width": 0.0625, "tiers": "vgg11:vgg13:vgg16:vgg19", "num-labels": 10, "batch-size": 32}
+    )
+    for row in read_rounds(folder)[1:]:
+        assert row["rejected"] == [] and row["failed"] == []
+        tiers = row["tiers"]
+        # 6 clients over 4 architectures 1:1:1:1 (largest remainder): every architecture trains
+        assert sum(tiers[a]["clients"] for a in cfg.tier_names) == 6
+        # layers averaged with another architecture's clients: the trie of VGG-11/13/16/19
+        assert {a: tiers[a]["shared-layers"] for a in cfg.tier_names} == {
+            "vgg11": 1,
+            "vgg13": 6,
+            "vgg16": 7,
+            "vgg19": 7,
+        }
+        for arch in cfg.tier_names:
+            vals = tiers[arch]
+            layout = cfg.catalog.get(arch).layout  # each client returns exactly its own architecture
+            per_client_up = vals["bytes-up"] / vals["clients"]
+            assert layout.nbytes() + 64 * len(layout) <= per_client_up <= layout.nbytes() + 256 * len(layout)
+            assert vals["layers"] == layout.params[-1].layer
+            assert 0.0 <= vals["fed-accuracy"] <= 1.0
