@@ -131,10 +131,11 @@ def test_fedavg_on_the_smallest_cnn_only_touches_its_slice() -> None:
 
 def bert_classifier_params(cfg: BertConfig) -> int:
     """``(V + P + T + 2) h + L (4 h^2 + 2 h i + 9 h + i) + h^2 + h + C h + C`` for hidden ``h``, intermediate ``i``."""
-    h, i, n_layers, classes = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_labels
-    embeddings = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size + 2) * h
+    d = cfg.to_dict()
+    h, i, n_layers, classes = d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"], cfg.num_labels
+    embeddings = (d["vocab_size"] + d["max_position_embeddings"] + d["type_vocab_size"] + 2) * h
     per_layer = 4 * h * h + 2 * h * i + 9 * h + i  # Q, K, V, attention output, 2 LayerNorms, feed-forward in/out
-    return embeddings + n_layers * per_layer + h * h + h + classes * h + classes
+    return int(embeddings + n_layers * per_layer + h * h + h + classes * h + classes)
 
 
 def test_minilm_width_variants_match_the_formula_and_the_depth_variants() -> None:
