@@ -37,10 +37,12 @@ families in ``models/``.  The math above is pure functions over ``dict[str, Tens
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -244,14 +246,43 @@ def _check_index_set(group: str, idx: Tensor, size: int) -> None:
         raise ValueError(f"index set of {group!r} has repeated indices")
 
 
+#: Above this many contiguous blocks per tensor, :class:`CoverageMean` scatters with one
+#: ``index_put_`` instead of one slice ``add_`` per block (leading slices have 1 block per
+#: tensor and FedRolex windows at most ``2 ** reduced axes``; arbitrary index sets fall back).
+MAX_SLICE_BLOCKS = 16
+
+
+def contiguous_runs(idx: Tensor) -> list[tuple[int, int, int]]:
+    """Split an index set into maximal runs of consecutive indices.
+
+    Returns ``(full_start, sub_start, length)`` per run: sub-model positions
+    ``sub_start .. sub_start + length - 1`` hold full indices ``full_start .. full_start + length - 1``.
+    ``[0, 1, 2]`` is one run ``(0, 0, 3)``; FedRolex's wrapped window ``[6, 7, 0, 1]`` is two,
+    ``(6, 0, 2)`` and ``(0, 2, 2)``.
+    """
+    values = idx.tolist()
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for j in range(1, len(values) + 1):
+        if j == len(values) or values[j] != values[j - 1] + 1:
+            runs.append((values[start], start, j - start))
+            start = j
+    return runs
+
+
 class CoverageMean:
     """Streaming per-element weighted mean over the replies that cover each element.
 
-    For every full-model tensor it keeps ``S = sum_i w_i x_i`` and ``W = sum_i w_i`` at full
-    size; :meth:`add` scatter-adds one reply into them at the Cartesian product of its
-    index sets (``index_put_`` with ``accumulate=True``), :meth:`result` returns ``S / W``
-    where ``W > 0`` and the previous value elsewhere.  Memory is two full models whatever
-    the number of replies; the work per reply is one vectorized scatter per tensor.
+    For every full-model tensor a reply carries it keeps ``S = sum_i w_i x_i`` and
+    ``W = sum_i w_i`` at full size (allocated on first use: tensors no reply carries, such as
+    frozen embeddings, cost nothing); :meth:`add` adds one reply into them at the Cartesian
+    product of its index sets, :meth:`result` returns ``S / W`` where ``W > 0`` and the previous
+    value elsewhere.  Memory is at most two full models whatever the number of replies.
+
+    The scatter is a slice ``add_`` per block of consecutive indices (:func:`contiguous_runs`;
+    one block per tensor for HeteroFL, a few for FedRolex's wrapped windows), so adding a reply
+    costs about one dense ``add_`` over its bytes; index sets with more than
+    :data:`MAX_SLICE_BLOCKS` blocks per tensor use one vectorized ``index_put_`` instead.
 
     Parameters
     ----------
@@ -267,12 +298,20 @@ class CoverageMean:
         self.rules = rules
         self.sizes = rules.group_sizes(full)
         self.shapes = {k: tuple(t.shape) for k, t in full.items()}
+        self._like = {k: (t.dtype, t.device) for k, t in full.items()}
         for name, t in full.items():
             if not t.is_floating_point():
                 raise ValueError(f"{name}: coverage averaging needs floating-point tensors, got {t.dtype}")
-        self.sums: Params = {k: torch.zeros_like(t) for k, t in full.items()}
-        self.weights: Params = {k: torch.zeros_like(t) for k, t in full.items()}
+        self.sums: Params = {}
+        self.weights: Params = {}
         self.count = 0
+
+    def _accumulators(self, name: str) -> tuple[Tensor, Tensor]:
+        if name not in self.sums:
+            dtype, device = self._like[name]
+            self.sums[name] = torch.zeros(self.shapes[name], dtype=dtype, device=device)
+            self.weights[name] = torch.zeros(self.shapes[name], dtype=dtype, device=device)
+        return self.sums[name], self.weights[name]
 
     def add(self, sub_params: Mapping[str, Tensor], index_sets: IndexSets, weight: float) -> None:
         """Fold one reply into the sums: ``S[I] += w x``, ``W[I] += w``.
@@ -304,53 +343,67 @@ class CoverageMean:
             if g not in index_sets:
                 raise ValueError(f"no index set for group {g!r}")
             _check_index_set(g, index_sets[g], self.sizes[g])
-        plan: list[tuple[str, Tensor, tuple[Tensor, ...] | None]] = []
         for name, x in sub_params.items():
             groups = self.rules.axes[name]
-            full_shape = self.shapes[name]
-            expected = tuple(d if g is None else len(index_sets[g]) for g, d in zip(groups, full_shape, strict=True))
+            expected = tuple(
+                d if g is None else len(index_sets[g]) for g, d in zip(groups, self.shapes[name], strict=True)
+            )
             if tuple(x.shape) != expected:
                 raise ValueError(f"{name}: shape {tuple(x.shape)}, expected {expected}")
-            plan.append((name, x, self._scatter_index(groups, full_shape, index_sets, self.sums[name].device)))
-        for name, x, index in plan:
-            s, w = self.sums[name], self.weights[name]
-            x = x.to(device=s.device, dtype=s.dtype)
-            if index is None:
-                s.add_(x, alpha=weight)
-                w.add_(weight)
-            else:
-                s.index_put_(index, x * weight, accumulate=True)
-                w.index_put_(index, torch.tensor(weight, dtype=w.dtype, device=w.device), accumulate=True)
+        runs = {g: contiguous_runs(index_sets[g]) for g in used}
+        for name, x in sub_params.items():
+            s, w = self._accumulators(name)
+            self._scatter(s, w, x.to(device=s.device, dtype=s.dtype), self.rules.axes[name], runs, index_sets, weight)
         self.count += 1
 
     @staticmethod
-    def _scatter_index(
-        groups: Groups, full_shape: tuple[int, ...], index_sets: IndexSets, device: torch.device
-    ) -> tuple[Tensor, ...] | None:
-        """Broadcastable per-axis index tensors of ``I_0 x I_1 x ...`` (``None``: whole tensor)."""
-        if all(g is None for g in groups):
-            return None
-        rank = len(full_shape)
+    def _scatter(
+        s: Tensor,
+        w: Tensor,
+        x: Tensor,
+        groups: Groups,
+        runs: Mapping[str, list[tuple[int, int, int]]],
+        index_sets: IndexSets,
+        weight: float,
+    ) -> None:
+        """``s[I] += weight * x``, ``w[I] += weight`` over the product ``I`` of the axes' index sets."""
+        axis_runs = [[(0, 0, d)] if g is None else runs[g] for g, d in zip(groups, s.shape, strict=True)]
+        if math.prod(len(r) for r in axis_runs) <= MAX_SLICE_BLOCKS:
+            for block in itertools.product(*axis_runs):
+                full = tuple(slice(f, f + n) for f, _, n in block)
+                sub = tuple(slice(j, j + n) for _, j, n in block)
+                s[full].add_(x[sub], alpha=weight)
+                w[full].add_(weight)
+            return
         index = []
-        for axis, (g, d) in enumerate(zip(groups, full_shape, strict=True)):
+        for axis, (g, d) in enumerate(zip(groups, s.shape, strict=True)):
             idx = torch.arange(d) if g is None else index_sets[g].to(torch.int64)
-            view = [1] * rank
+            view = [1] * s.dim()
             view[axis] = -1
-            index.append(idx.to(device).view(view))
-        return tuple(index)
+            index.append(idx.to(s.device).view(view))
+        s.index_put_(tuple(index), x * weight, accumulate=True)
+        w.index_put_(tuple(index), torch.tensor(weight, dtype=w.dtype, device=w.device), accumulate=True)
 
     def result(self, previous_full: Mapping[str, Tensor]) -> Params:
-        """``S / W`` where ``W > 0``, the previous value elsewhere (fresh tensors)."""
+        """``S / W`` where ``W > 0``, the previous value elsewhere.
+
+        Tensors no reply carried are returned as the previous tensor objects themselves (no
+        copy); the others are fresh tensors.  The accumulators are consumed: call once.
+        """
         if set(previous_full) != set(self.shapes):
             raise ValueError("previous model has different tensor names than the accumulator")
         out: Params = {}
         for name, prev in previous_full.items():
             if tuple(prev.shape) != self.shapes[name]:
                 raise ValueError(f"{name}: previous shape {tuple(prev.shape)}, expected {self.shapes[name]}")
+            if name not in self.sums:
+                out[name] = prev
+                continue
             s, w = self.sums[name], self.weights[name]
-            covered = w > 0
-            mean = s / torch.where(covered, w, torch.ones_like(w))
-            out[name] = torch.where(covered, mean, prev.to(device=s.device, dtype=s.dtype)).to(prev.dtype)
+            uncovered = w == 0
+            s.div_(w.masked_fill_(uncovered, 1.0))  # in place: S / W on covered elements
+            out[name] = torch.where(uncovered, prev.to(device=s.device, dtype=s.dtype), s).to(prev.dtype)
+        self.sums, self.weights = {}, {}
         return out
 
 
@@ -460,6 +513,29 @@ class HeteroFL(HeterogeneousStrategy):
             self._coverage = CoverageMean(self.state[self.GLOBAL], self.rules)
         weight = float(num_examples) if self.weighting == "examples" else 1.0
         self._coverage.add(tensors, self.index_sets(sent.variant), weight)
+
+    def fold_group(
+        self,
+        variant: str,
+        tensors: Mapping[str, Tensor],
+        num_examples: float,
+        replies: int,
+        means: dict[str, StreamingMean],
+    ) -> None:
+        """Scatter one variant's median as the whole group (weight: its examples, or its reply count)."""
+        if self._coverage is None:
+            self._coverage = CoverageMean(self.state[self.GLOBAL], self.rules)
+        weight = float(num_examples) if self.weighting == "examples" else float(replies)
+        self._coverage.add(tensors, self.index_sets(variant), weight)
+
+    def method_state(self) -> dict[str, Any]:
+        """The FedAdam state of the global model (unused with ``server_optimizer="average"``)."""
+        return {"adam": self.adam.to_dict()}
+
+    def load_method_state(self, data: Mapping[str, Any]) -> None:
+        """Restore :meth:`method_state`."""
+        self.adam = FedAdamState.from_dict(data.get("adam", {}))
+        self._coverage = None
 
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
