@@ -88,6 +88,28 @@ def _model_for(msg: Message, cfg: RunConfig) -> tuple[nn.Module, Variant]:
     return model, variant
 
 
+def node_key(context: Context) -> str:
+    """Identity of this node that survives restarts: ``partition-<id>`` when the node config has one.
+
+    Simulation gives nodes new random ids in every run; the server matches per-node state of a
+    resumed run to nodes by this key (empty: the server falls back to the node id).
+    """
+    pid = context.node_config.get("partition-id")
+    return "" if pid is None else f"partition-{pid}"
+
+
+def train_seed(seed: int, context: Context, server_round: int) -> int:
+    """Seed of one local training run: ``seed + 1_000_003 * round + k`` (``k``: partition id, else node id).
+
+    Training is a function of the run seed, the node's stable identity and the round, not of
+    how many rounds this process served before -- so a resumed run trains exactly as an
+    uninterrupted one (given the same weights).
+    """
+    pid = context.node_config.get("partition-id")
+    k = int(pid) if isinstance(pid, int | float | str) else context.node_id % 100_000
+    return (seed + 1_000_003 * server_round + k) % (2**63)
+
+
 def _echo(msg: Message) -> dict[str, object]:
     cfg = msg.content["config"]
     return {"variant": cfg["variant"], "server-round": cfg["server-round"]}  # type: ignore[index]
@@ -129,6 +151,7 @@ def query(msg: Message, context: Context) -> Message:
             "labeled": profile.labeled,
             "variant": chosen or "",
             "reason": reason,
+            "node-key": node_key(context),
         }
     )
     return Message(RecordDict({"profile": record}), reply_to=msg)
@@ -138,9 +161,12 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Train the received variant locally; return its trainable weights."""
     cfg = run_config(context)
-    torch.manual_seed(cfg.seed + context.node_id % 100_000)
+    seed = train_seed(cfg.seed, context, int(msg.content["config"]["server-round"]))  # type: ignore[arg-type, index]
+    torch.manual_seed(seed)
     model, variant = _model_for(msg, cfg)
     train_loader, _, n_train = local_loaders(context, cfg)
+    if train_loader.generator is not None:  # shuffling order: a function of the round too
+        train_loader.generator.manual_seed(seed)
     loss = train_classifier(model, train_loader, cfg.train_settings())
     upload = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     content = RecordDict(

@@ -26,7 +26,7 @@ from datasets import Dataset
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from models.architectures import ArchLayer, architecture_layers, build_architecture
+from models.architectures import CLASSIFIER, ArchLayer, LayerSignature, architecture_layers, build_architecture
 from models.catalog import Variant, VariantCatalog
 from models.cnn import build_cnn, recompute_bn_statistics, width_rules
 from models.data import text_loader
@@ -99,6 +99,33 @@ class TransformerFamily:
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """The model itself (layer norm has no data statistics)."""
         return model
+
+    def layers(self, catalog: VariantCatalog) -> dict[str, tuple[ArchLayer, ...]]:
+        """FlexiFed's view of depth variants: embeddings, encoder layers ``1 .. k``, then the head.
+
+        Each layer owns its *trainable* tensors (frozen word embeddings are never exchanged);
+        signatures are ``("embeddings" | "encoder" | "classifier", shapes)``.  Encoder layers of
+        one model have equal signatures, so depth variants share the prefix of the shallower
+        one and Max-Common averages layer ``l`` over every client with at least ``l`` layers
+        (InclusiveFL's layer-wise aggregation without momentum distillation); the pooler and
+        classifier form the head, shared only between identical depths.
+        """
+        out = {}
+        for v in catalog:
+            by_layer: dict[int | None, list[tuple[str, tuple[int, ...]]]] = {}
+            for p in v.layout:
+                if p.trainable:
+                    by_layer.setdefault(p.layer, []).append((p.name, p.shape))
+            order = [*sorted(k for k in by_layer if k is not None), None]
+            layers = []
+            for k in order:
+                kind = CLASSIFIER if k is None else "embeddings" if k == 0 else "encoder"
+                entries = by_layer.get(k, [])
+                if entries:
+                    shapes = tuple(shape for _, shape in entries)
+                    layers.append(ArchLayer(LayerSignature(kind, shapes), tuple(name for name, _ in entries)))
+            out[v.name] = tuple(layers)
+        return out
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,19 @@
-"""The ServerApp: validated config -> catalog -> strategy -> Flower's round loop -> results."""
+"""The ServerApp: validated config -> catalog -> strategy -> Flower's round loop -> results.
+
+After every round (once its results row is written) the complete server state is
+checkpointed (:mod:`server.checkpoint`).  With ``resume = true`` the run restores the last
+good checkpoint (round ``k``), rewrites ``rounds.jsonl`` with the rows it holds, and lets
+Flower's loop run the remaining ``N - k`` rounds, which the strategy numbers ``k + 1 .. N``
+(:meth:`~strategies.base.HeterogeneousStrategy.global_round`).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -18,6 +26,18 @@ from models.data import DataSpec, num_labels, server_stats_set, server_test_set
 from models.family import ArchitectureFamily
 from models.images import image_shape
 from models.training import evaluate_classifier
+from server.checkpoint import (
+    Checkpoint,
+    CheckpointIncompatible,
+    Fingerprint,
+    capture_rng,
+    clear_checkpoints,
+    fingerprint,
+    latest_checkpoint,
+    prune_checkpoints,
+    restore_rng,
+    write_checkpoint,
+)
 from server.config import FLEXIFED_MODES, ConfigError, RunConfig
 from server.results import ResultsWriter
 from strategies.base import HeterogeneousStrategy
@@ -40,6 +60,8 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
         "min_available_nodes": cfg.min_available_nodes,
         "assign": "largest" if cfg.method == "all-large" else "choice",
         "seed": cfg.seed,
+        "clip_update_norm": cfg.clip_bounds,
+        "robust_aggregation": cfg.robust_aggregation,
     }
     if cfg.method == "local":
         return LocalTraining(**common)  # type: ignore[arg-type]
@@ -93,6 +115,11 @@ class CentralEvaluator:
         loss, acc, _ = evaluate_classifier(self.family.for_evaluation(model, self.stats), self.loader)
         return loss, acc
 
+    def generators(self) -> dict[str, torch.Generator]:
+        """Random generators whose state belongs in a checkpoint (the sBN statistics sampler)."""
+        gen = getattr(self.stats, "generator", None)
+        return {"evaluator-stats": gen} if isinstance(gen, torch.Generator) else {}
+
     def __call__(self, models: Mapping[str, list[Mapping[str, Tensor]]]) -> dict[str, dict[str, float]]:
         """Mean loss/accuracy per variant over its models."""
         out = {}
@@ -126,9 +153,71 @@ def results_folder(cfg: RunConfig) -> Path:
     return Path(cfg.results_dir).expanduser().resolve() / name
 
 
+def checkpoint_folder(cfg: RunConfig, results: Path) -> Path:
+    """``checkpoint-dir``, or ``<results folder>/checkpoints`` when it is empty."""
+    return Path(cfg.checkpoint_dir).expanduser().resolve() if cfg.checkpoint_dir else results / "checkpoints"
+
+
+def resume_point(cfg: RunConfig, folder: Path, fp: Fingerprint) -> Checkpoint | None:
+    """The checkpoint to resume from (``resume = true``), else ``None`` after clearing stale checkpoints.
+
+    A fresh run deletes the ``round-*.ckpt`` files already in ``folder`` (a later resume must
+    never pick up an older run's rounds).  ``resume`` without any checkpoint starts from scratch
+    with a warning (a restart policy may set ``resume`` on the very first start).
+
+    Raises
+    ------
+    CheckpointIncompatible
+        The newest readable checkpoint belongs to another method / model / catalog.
+    CheckpointCorrupt
+        Every checkpoint in the folder is corrupt.
+    ConfigError
+        The checkpoint is after round ``num-server-rounds``.
+
+    """
+    if not cfg.resume:
+        removed = clear_checkpoints(folder)
+        if removed:
+            log(WARNING, "fresh run: removed %d old checkpoints from %s", len(removed), folder)
+        return None
+    ckpt = latest_checkpoint(folder, fp)
+    if ckpt is None:
+        log(WARNING, "resume: no checkpoint in %s, starting from round 1", folder)
+        return None
+    if ckpt.server_round > cfg.num_server_rounds:
+        raise ConfigError(
+            f"run config 'num-server-rounds': {cfg.num_server_rounds}, "
+            f"but {ckpt.path} is after round {ckpt.server_round}"
+        )
+    return ckpt
+
+
+def restore(
+    strategy: HeterogeneousStrategy, evaluator: CentralEvaluator, ckpt: Checkpoint
+) -> tuple[ArrayRecord, list[dict[str, Any]]]:
+    """Load a verified checkpoint into the strategy and the RNGs; return the model record and results rows.
+
+    Raises
+    ------
+    CheckpointIncompatible
+        The payload does not fit this strategy or catalog (or its rows are not rounds ``0 .. k``).
+
+    """
+    payload = ckpt.payload
+    try:
+        arrays = strategy.load_checkpoint_state(payload["strategy"], ckpt.server_round)
+        restore_rng(payload["rng"], evaluator.generators())
+        rows = [dict(r) for r in payload["results"]]
+        if [r.get("round") for r in rows] != list(range(ckpt.server_round + 1)):
+            raise ValueError(f"results rows are rounds {[r.get('round') for r in rows]}")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointIncompatible(f"{ckpt.path}: {exc}") from exc
+    return arrays, rows
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run ``num-server-rounds`` rounds of the configured method and write results."""
+    """Run (or resume) ``num-server-rounds`` rounds of the configured method and write results."""
     cfg = RunConfig.from_flower(context.run_config)
     check_data(cfg, cfg.data_spec())
     strategy = build_strategy(cfg)
@@ -139,18 +228,46 @@ def main(grid: Grid, context: Context) -> None:
     else:
         arrays = strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
     evaluator = CentralEvaluator(cfg)
+    folder = results_folder(cfg)
+    ckpt_dir = checkpoint_folder(cfg, folder)
+    fp = fingerprint(cfg.method, cfg.model, cfg.catalog)
+    resumed = resume_point(cfg, ckpt_dir, fp)
+    rows = None
+    if resumed is not None:
+        arrays, rows = restore(strategy, evaluator, resumed)
+        log(
+            INFO,
+            "resumed from %s: Flower's rounds 1..%d are this run's rounds %d..%d",
+            resumed.path,
+            cfg.num_server_rounds - resumed.server_round,
+            resumed.server_round + 1,
+            cfg.num_server_rounds,
+        )
     writer = ResultsWriter(
-        results_folder(cfg),
+        folder,
         method=cfg.method,
         tiers=cfg.training_catalog.names(),
         config=cfg.model_dump(by_alias=True),
+        rows=rows,
     )
     log(INFO, "results go to %s", writer.folder)
 
-    def evaluate_fn(server_round: int, _arrays: ArrayRecord) -> MetricRecord:
+    def evaluate_fn(flower_round: int, _arrays: ArrayRecord) -> MetricRecord | None:
+        if flower_round == 0 and resumed is not None:
+            return None  # round k is already in the results
+        server_round = strategy.global_round(flower_round)
         central = evaluator(strategy.models_for_evaluation())
         report = strategy.reports.get(server_round)
         writer.write_round(server_round, central, report)
+        if server_round > 0 and cfg.checkpoint_keep > 0:
+            payload = {
+                "strategy": strategy.checkpoint_state(),
+                "rng": capture_rng(evaluator.generators()),
+                "results": writer.rows,
+            }
+            path = write_checkpoint(ckpt_dir, server_round, payload, fp)
+            prune_checkpoints(ckpt_dir, cfg.checkpoint_keep)
+            log(INFO, "checkpoint: %s", path)
         out = MetricRecord()
         for variant, vals in central.items():
             out[f"{variant}/accuracy"] = vals["accuracy"]
@@ -160,7 +277,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy.start(
         grid=grid,
         initial_arrays=arrays,
-        num_rounds=cfg.num_server_rounds,
+        num_rounds=cfg.num_server_rounds - strategy.round_offset,
         timeout=cfg.round_timeout,
         train_config=ConfigRecord(),
         evaluate_config=ConfigRecord(),

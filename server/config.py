@@ -8,6 +8,7 @@ unknown keys are rejected.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from functools import cached_property
 from itertools import pairwise
@@ -130,6 +131,12 @@ class RunConfig(BaseModel):
     # results
     results_dir: str = "results"
     run_name: str = ""
+    # reliability: checkpoints, resume, robust aggregation
+    checkpoint_dir: str = ""
+    checkpoint_keep: int = Field(2, ge=0)
+    resume: bool = False
+    clip_update_norm: str = "0"
+    robust_aggregation: Literal["mean", "median"] = "mean"
 
     @field_validator("tiers")
     @classmethod
@@ -166,6 +173,19 @@ class RunConfig(BaseModel):
         parse_widths(v)
         return v
 
+    @field_validator("clip_update_norm", mode="before")
+    @classmethod
+    def _clip_number(cls, v: object) -> object:
+        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+
+    @field_validator("clip_update_norm")
+    @classmethod
+    def _clip(cls, v: str) -> str:
+        bounds = [float(x) for x in split_list(v, "clip-update-norm")]
+        if any(not (math.isfinite(c) and c >= 0) for c in bounds):
+            raise ValueError(f"clip-update-norm must be finite numbers >= 0 (0 = off), got {v!r}")
+        return v
+
     @field_validator("tier_proportions", "tier_memory_mb")
     @classmethod
     def _positive_numbers(cls, v: str, info: ValidationInfo) -> str:
@@ -198,7 +218,21 @@ class RunConfig(BaseModel):
                 f"run config 'method': {self.method!r} needs a depth-cut model; "
                 f"model {self.model!r} supports {CNN_METHODS}"
             )
+        if self.robust_aggregation == "median" and self.method in ("local", *FLEXIFED_MODES):
+            raise ValueError(
+                f"run config 'robust-aggregation': 'median' is not defined for method {self.method!r} "
+                "(its per-node models need every reply); use 'mean'"
+            )
+        if self.resume and not (self.run_name or self.checkpoint_dir):
+            raise ValueError(
+                "run config 'resume': needs 'run-name' or 'checkpoint-dir' to know which run's checkpoints to resume"
+            )
+        if self.resume and self.checkpoint_keep == 0:
+            raise ValueError("run config 'resume': needs checkpoints, but 'checkpoint-keep' is 0 (off)")
         n = len(self.tier_names)
+        clip = split_list(self.clip_update_norm, "clip-update-norm")
+        if len(clip) not in (1, n):
+            raise ValueError(f"run config 'clip-update-norm' has {len(clip)} entries; give one or one per tier ({n})")
         widths = () if self.tier_widths == "auto" else (("tier-widths", self.tier_widths),)
         for key, items in (
             *widths,
@@ -324,6 +358,14 @@ class RunConfig(BaseModel):
             local_steps=self.local_steps,
             local_epochs=self.local_epochs,
         )
+
+    @property
+    def clip_bounds(self) -> dict[str, float]:
+        """Update-norm bound per tier (0 = not clipped): one value for all tiers, or one per tier."""
+        bounds = [float(x) for x in split_list(self.clip_update_norm, "clip-update-norm")]
+        if len(bounds) == 1:
+            bounds = bounds * len(self.tier_names)
+        return dict(zip(self.tier_names, bounds, strict=True))
 
     def fedadam(self) -> FedAdamConfig:
         """Server optimizer settings."""

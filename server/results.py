@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +29,45 @@ from strategies.base import RoundReport
 
 
 class ResultsWriter:
-    """Append-only writer of one run's results folder."""
+    """Append-only writer of one run's results folder.
 
-    def __init__(self, folder: Path, *, method: str, tiers: list[str], config: dict[str, Any]) -> None:
+    Parameters
+    ----------
+    folder : Path
+        The run's results folder (created).
+    method : str
+    tiers : list[str]
+        Tier names, weakest first (table and plot order).
+    config : dict[str, Any]
+        Written to ``config.json``.
+    rows : Sequence[dict[str, Any]], optional
+        Rows of a resumed run (from its checkpoint): ``rounds.jsonl`` is rewritten with exactly
+        these (atomically), so rounds the crashed run logged after its checkpoint are dropped and
+        never duplicated; ``elapsed`` continues from the last row.
+
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        method: str,
+        tiers: list[str],
+        config: dict[str, Any],
+        rows: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
         self.folder = folder
         self.method = method
         self.tiers = tiers
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = [dict(r) for r in rows or ()]
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         self._jsonl = folder / "rounds.jsonl"
-        self._jsonl.write_text("")
+        tmp = folder / ".rounds.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        os.replace(tmp, self._jsonl)
         self.console = Console(stderr=False)
-        self._t0 = time.time()
+        self._t0 = time.time() - (float(self.rows[-1].get("elapsed", 0.0)) if self.rows else 0.0)
 
     def write_round(
         self, server_round: int, central: dict[str, dict[str, float]], report: RoundReport | None

@@ -16,7 +16,13 @@ heterogeneous method needs and leaves only the aggregation math to subclasses:
   memory is ``O(groups x model)``, independent of the number of replies;
 * **failures** -- error replies (a ClientApp exception, or a dead node whose error
   the SuperLink sends with ``src_node_id = 1``) are mapped back to the node through
-  ``reply_to_message_id`` and reported per round.
+  ``reply_to_message_id`` and reported per round;
+* **robust options** (opt-in, :mod:`strategies.robust`) -- per-group update-norm
+  clipping before folding, and a coordinate-wise median per group instead of the mean;
+* **checkpoints** -- :meth:`HeterogeneousStrategy.checkpoint_state` /
+  :meth:`HeterogeneousStrategy.load_checkpoint_state` hold the complete server state
+  (subclasses add their method state through ``method_state`` / ``load_method_state``);
+  a resumed strategy offsets Flower's round numbers by the checkpoint's round.
 
 Server state is held as ``{variant: {param: Tensor}}`` and exposed to Flower's loop as
 one composite ``ArrayRecord`` keyed ``"<variant>/<param>"``.
@@ -30,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -48,8 +55,14 @@ from flwr.serverapp.strategy import Strategy
 from torch import Tensor
 
 from models.catalog import VariantCatalog
+from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
-from strategies.validation import ReplyRejected, validate_evaluate_reply, validate_train_reply
+from strategies.validation import (
+    ReplyRejected,
+    validate_evaluate_reply,
+    validate_examples_claim,
+    validate_train_reply,
+)
 
 SEP = "/"
 State = dict[str, dict[str, Tensor]]
@@ -97,6 +110,7 @@ class NodeProfile:
     labeled: bool
     variant: str | None
     reason: str
+    key: str = ""
 
     @classmethod
     def from_config(cls, node_id: int, cfg: ConfigRecord) -> NodeProfile:
@@ -110,7 +124,17 @@ class NodeProfile:
             labeled=bool(cfg.get("labeled", True)),
             variant=variant or None,
             reason=str(cfg.get("reason", "")),
+            key=str(cfg.get("node-key", "")),
         )
+
+    @property
+    def stable_key(self) -> str:
+        """Identity that survives a restart: the node's ``node-key`` (e.g. ``partition-3``), else its id.
+
+        Simulation gives nodes new random ids in every run; per-node server state is matched
+        to the restarted node through this key when a run resumes.
+        """
+        return self.key or f"node-{self.node_id}"
 
 
 @dataclass
@@ -166,8 +190,19 @@ class HeterogeneousStrategy(Strategy):
         Seconds to wait for handshake replies.
     seed : int
         Seed of node sampling.
+    clip_update_norm : Mapping[str, float], optional
+        Per variant (group) the bound ``c`` on a reply's update norm ``||x - w||_2``
+        (:func:`strategies.robust.clip_update`); a missing variant or ``c = 0`` is not clipped.
+    robust_aggregation : {"mean", "median"}
+        ``mean`` streams replies into example-weighted means (``O(groups x model)``);
+        ``median`` buffers each group's replies and folds their coordinate-wise median
+        once, weighted by the group's total examples (``O(clients x model)``, opt-in;
+        only for methods with ``supports_median``).
 
     """
+
+    #: Whether the method's math accepts one group median instead of the replies (see ``fold_group``).
+    supports_median: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -182,6 +217,8 @@ class HeterogeneousStrategy(Strategy):
         max_examples: int = 10_000_000,
         query_timeout: float = 300.0,
         seed: int = 0,
+        clip_update_norm: Mapping[str, float] | None = None,
+        robust_aggregation: str = "mean",
     ) -> None:
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
@@ -189,6 +226,14 @@ class HeterogeneousStrategy(Strategy):
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
         if assign not in ("choice", "largest"):
             raise ValueError(f"assign must be 'choice' or 'largest', got {assign!r}")
+        if robust_aggregation not in ("mean", "median"):
+            raise ValueError(f"robust_aggregation must be 'mean' or 'median', got {robust_aggregation!r}")
+        if robust_aggregation == "median" and not self.supports_median:
+            raise ValueError(f"{type(self).__name__} does not support the coordinate-wise median")
+        bounds = dict(clip_update_norm or {})
+        bad = {k: c for k, c in bounds.items() if not (math.isfinite(c) and c >= 0)}
+        if bad:
+            raise ValueError(f"clip_update_norm bounds must be finite and >= 0, got {bad}")
         self.catalog = catalog
         self.fraction_train = fraction_train
         self.fraction_evaluate = fraction_evaluate
@@ -207,6 +252,79 @@ class HeterogeneousStrategy(Strategy):
         self._sent_eval: dict[str, Sent] = {}
         self.reports: dict[int, RoundReport] = {}
         self.on_round_end: Callable[[RoundReport], None] | None = None
+        self.clip_bounds = {k: c for k, c in bounds.items() if c > 0}
+        self.robust_aggregation = robust_aggregation
+        self.round_offset = 0
+        self._restored_nodes: dict[str, int] = {}
+
+    # ------------------------------------------------------------- rounds
+    def global_round(self, flower_round: int) -> int:
+        """The run's round number of Flower's ``flower_round``.
+
+        A resumed run lets Flower's own loop run the remaining rounds ``1 .. N - k``;
+        they are rounds ``k + 1 .. N`` of the run (``k`` = the checkpoint's round,
+        :attr:`round_offset`).  Every public hook maps its round through here.
+        """
+        return flower_round + self.round_offset
+
+    # --------------------------------------------------------- checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The complete server state after the current round (tensors, numbers, strings only).
+
+        ``{"strategy": class name, "state": {variant: {param: Tensor}}, "rng": sampling RNG
+        state, "nodes": {node id: stable key}, "method": method_state()}``.
+        """
+        return {
+            "strategy": type(self).__name__,
+            "state": {v: dict(p) for v, p in self.state.items()},
+            "rng": self.rng.getstate(),
+            # nodes of an earlier checkpoint that have not come back yet keep their key too
+            "nodes": {
+                **{n: key for key, n in self._restored_nodes.items()},
+                **{n: p.stable_key for n, p in self.profiles.items()},
+            },
+            "method": self.method_state(),
+        }
+
+    def load_checkpoint_state(self, data: Mapping[str, Any], server_round: int) -> ArrayRecord:
+        """Restore :meth:`checkpoint_state` written after ``server_round``; return the composite record.
+
+        Flower's round ``r`` becomes round ``server_round + r`` (:meth:`global_round`).  Node
+        profiles are not restored: every node is queried again, and per-node state is moved to
+        the node that reports the same stable key (:meth:`rebind_node`).
+
+        Raises
+        ------
+        ValueError
+            When the data was written by another strategy or does not match the catalog.
+
+        """
+        if data.get("strategy") != type(self).__name__:
+            raise ValueError(f"checkpoint holds {data.get('strategy')!r} state, this run is {type(self).__name__}")
+        state = data.get("state")
+        if not isinstance(state, dict):
+            raise ValueError("checkpoint has no model state")
+        record = self.set_state(state)
+        try:
+            self.rng.setstate(data["rng"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint's sampling RNG state is unusable ({exc})") from exc
+        nodes = data.get("nodes", {})
+        self._restored_nodes = {str(key): int(node) for node, key in nodes.items()}
+        self.load_method_state(data.get("method", {}))
+        self.round_offset = self.current_round = server_round
+        self.reports.clear()
+        return record
+
+    def method_state(self) -> dict[str, Any]:
+        """Method-specific state for checkpoints (override; the base has none)."""
+        return {}
+
+    def load_method_state(self, data: Mapping[str, Any]) -> None:
+        """Restore :meth:`method_state`; raise ``ValueError`` when it does not fit (override)."""
+
+    def rebind_node(self, old_id: int, new_id: int) -> None:
+        """Move per-node state of ``old_id`` (before a restart) to ``new_id`` (override)."""
 
     # ------------------------------------------------------------------ state
     def set_state(self, state: State) -> ArrayRecord:
@@ -281,6 +399,10 @@ class HeterogeneousStrategy(Strategy):
             if self.assign == "largest":
                 profile.variant = self.catalog.largest.name
             self.profiles[node] = profile
+            old = self._restored_nodes.pop(profile.stable_key, None)
+            if old is not None and old != node:
+                log(INFO, "node %s is node %s of the checkpoint (%s)", node, old, profile.stable_key)
+                self.rebind_node(old, node)
             if profile.variant is None:
                 log(WARNING, "node %s (tier %s) declined: %s", node, profile.tier, profile.reason)
             else:
@@ -308,6 +430,7 @@ class HeterogeneousStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """One message per sampled node, carrying that node's variant."""
+        server_round = self.global_round(server_round)
         self._sync_state(arrays)
         report = self.report(server_round)
         report.started = time.time()
@@ -368,11 +491,16 @@ class HeterogeneousStrategy(Strategy):
         """Validate replies, stream them into per-variant means, apply the method.
 
         Numeric client metrics other than ``num-examples`` (``train-loss``, ``layers``)
-        are reported as example-weighted means per variant.
+        are reported as example-weighted means per variant.  With clipping on, each reply's
+        update is clipped before it is folded (``clipped`` counts them per variant); with
+        ``robust_aggregation="median"`` replies are buffered per variant and each group's
+        coordinate-wise median is folded once (:meth:`fold_group`).
         """
+        server_round = self.global_round(server_round)
         report = self.report(server_round)
         sent = self._by_message_id(self._sent_train)
         means: dict[str, StreamingMean] = {}
+        buffers: dict[str, MedianBuffer] = {}
         counts = {v.name: 0 for v in self.catalog}
         client_metrics: dict[str, StreamingMean] = {}
         for reply in replies:
@@ -389,13 +517,27 @@ class HeterogeneousStrategy(Strategy):
                     server_round=server_round,
                     max_examples=self.max_examples,
                 )
+                profile = self.profiles.get(rec.node_id)
+                if profile is not None:
+                    validate_examples_claim(n, profile.num_examples)
                 self.check_reply(rec, tensors)
             except ReplyRejected as exc:
                 reason = f"node {rec.node_id} ({rec.variant}): {exc}"
                 log(WARNING, "rejected train reply: %s", reason)
                 report.rejected.append(reason)
                 continue
-            self.fold_reply(rec, tensors, n, means)
+            bound = self.clip_bounds.get(rec.variant, 0.0)
+            if bound > 0:
+                sent_weights = self.variant_payload(rec.node_id, rec.variant)
+                tensors, norm = clip_update(tensors, sent_weights, bound)
+                report.add(rec.variant, "clipped", float(norm > bound))
+                report.group(rec.variant)["max-update-norm"] = max(
+                    report.group(rec.variant).get("max-update-norm", 0.0), norm
+                )
+            if self.robust_aggregation == "median":
+                buffers.setdefault(rec.variant, MedianBuffer()).add(tensors, float(n))
+            else:
+                self.fold_reply(rec, tensors, n, means)
             counts[rec.variant] += 1
             report.add(rec.variant, "clients", 1)
             report.add(rec.variant, "examples", n)
@@ -408,6 +550,10 @@ class HeterogeneousStrategy(Strategy):
             if scalars:
                 client_metrics.setdefault(rec.variant, StreamingMean()).add(scalars, n)
             del tensors
+        for variant, buf in buffers.items():
+            median, total, count = buf.result()
+            self.fold_group(variant, median, total, count, means)
+        buffers.clear()
         mean_params = {k: m.mean() for k, m in means.items()}
         self.apply_round(server_round, mean_params, counts)
         self._record = compose(self.state)
@@ -429,6 +575,21 @@ class HeterogeneousStrategy(Strategy):
         """Fold one validated reply into the group sums (weighted by examples)."""
         means.setdefault(sent.variant, StreamingMean()).add(tensors, float(num_examples))
 
+    def fold_group(
+        self,
+        variant: str,
+        tensors: Mapping[str, Tensor],
+        num_examples: float,
+        replies: int,
+        means: dict[str, StreamingMean],
+    ) -> None:
+        """Fold one group's robust aggregate (its coordinate-wise median of ``replies`` replies).
+
+        The median stands for the whole group, weighted by the group's total examples, so the
+        method's cross-group math (layer-wise or coverage averaging) is unchanged.
+        """
+        means.setdefault(variant, StreamingMean()).add(tensors, float(num_examples))
+
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
     ) -> None:
@@ -444,6 +605,7 @@ class HeterogeneousStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Federated evaluation: each sampled node evaluates its own variant."""
+        server_round = self.global_round(server_round)
         self._sync_state(arrays)
         self._sent_eval = {}
         if self.fraction_evaluate == 0.0:
@@ -454,6 +616,7 @@ class HeterogeneousStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Example-weighted loss/accuracy per variant (``local inference``)."""
+        server_round = self.global_round(server_round)
         report = self.report(server_round)
         sent = self._by_message_id(self._sent_eval)
         sums: dict[str, list[float]] = {}

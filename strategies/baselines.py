@@ -8,6 +8,7 @@ over a one-variant catalog (so FedAdam on that variant; see ``server/app.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from torch import Tensor
 
@@ -23,6 +24,8 @@ class LocalTraining(HeterogeneousStrategy):
     optimizer), starting from its variant's initial weights.  Memory grows with the
     number of nodes by nature of the method.
     """
+
+    supports_median = False  # nothing is aggregated
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -46,6 +49,27 @@ class LocalTraining(HeterogeneousStrategy):
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
     ) -> None:
         """Nothing is aggregated."""
+
+    def method_state(self) -> dict[str, Any]:
+        """Every node's own model and its variant, keyed by node id."""
+        return {
+            "node-states": {n: dict(p) for n, p in self.node_states.items()},
+            "node-variant": dict(self.node_variant),
+        }
+
+    def load_method_state(self, data: Mapping[str, Any]) -> None:
+        """Restore :meth:`method_state` (variants must be in the catalog)."""
+        states, variants = data.get("node-states", {}), data.get("node-variant", {})
+        if set(states) != set(variants) or not set(variants.values()) <= set(self.catalog.names()):
+            raise ValueError("checkpoint's per-node models do not match the catalog")
+        self.node_states = {int(n): dict(p) for n, p in states.items()}
+        self.node_variant = {int(n): str(v) for n, v in variants.items()}
+
+    def rebind_node(self, old_id: int, new_id: int) -> None:
+        """The node's own model follows it to its new id."""
+        if old_id in self.node_states:
+            self.node_states[new_id] = self.node_states.pop(old_id)
+            self.node_variant[new_id] = self.node_variant.pop(old_id)
 
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
         """Every node's own model, grouped by variant."""

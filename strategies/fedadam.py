@@ -50,6 +50,20 @@ class FedAdamState:
         self.v.clear()
         self.step = 0
 
+    def to_dict(self) -> dict[str, object]:
+        """``{"m": {name: Tensor}, "v": {name: Tensor}, "step": int}`` (for checkpoints)."""
+        return {"m": dict(self.m), "v": dict(self.v), "step": self.step}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> FedAdamState:
+        """Inverse of :meth:`to_dict`; raise ``ValueError`` on a malformed entry."""
+        m, v, step = data.get("m"), data.get("v"), data.get("step")
+        if not isinstance(m, dict) or not isinstance(v, dict) or not isinstance(step, int) or step < 0:
+            raise ValueError("FedAdam state needs tensor dicts 'm', 'v' and a step count >= 0")
+        if set(m) != set(v) or not all(isinstance(t, Tensor) for t in (*m.values(), *v.values())):
+            raise ValueError("FedAdam moments 'm' and 'v' must be tensors with the same names")
+        return cls(m=dict(m), v=dict(v), step=step)
+
 
 def fedadam_step(
     params: Mapping[str, Tensor],

@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import torch
 from flwr.common import log
@@ -493,6 +493,9 @@ class FlexiFed(HeterogeneousStrategy):
 
     """
 
+    #: Personal layers and per-client models need the replies themselves, not a group median.
+    supports_median = False
+
     def __init__(
         self,
         *,
@@ -562,6 +565,27 @@ class FlexiFed(HeterogeneousStrategy):
             dict(counts),
             {a: shared_layer_count(plan, a) for a in sorted(acc.participating)},
         )
+
+    def method_state(self) -> dict[str, Any]:
+        """Every node's own model and its variant, keyed by node id."""
+        return {
+            "node-states": {n: dict(p) for n, p in self.node_states.items()},
+            "node-variant": dict(self.node_variant),
+        }
+
+    def load_method_state(self, data: Mapping[str, Any]) -> None:
+        """Restore :meth:`method_state` (variants must be in the catalog)."""
+        states, variants = data.get("node-states", {}), data.get("node-variant", {})
+        if set(states) != set(variants) or not set(variants.values()) <= set(self.catalog.names()):
+            raise ValueError("checkpoint's per-node models do not match the catalog")
+        self.node_states = {int(n): dict(p) for n, p in states.items()}
+        self.node_variant = {int(n): str(v) for n, v in variants.items()}
+
+    def rebind_node(self, old_id: int, new_id: int) -> None:
+        """The node's own model follows it to its new id."""
+        if old_id in self.node_states:
+            self.node_states[new_id] = self.node_states.pop(old_id)
+            self.node_variant[new_id] = self.node_variant.pop(old_id)
 
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
         """Per architecture its model, or every kept client model (``basic`` / ``standalone``)."""

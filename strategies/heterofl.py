@@ -551,10 +551,11 @@ class HeteroFL(HeterogeneousStrategy):
         self._coverage = None
 
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
-        """Every variant's sub-model (leading slice) of the global model."""
+        """Every variant's sub-model of the global model: the one its nodes trained this round.
+
+        HeteroFL: the leading slice.  FedRolex: the window of the current round (offset
+        ``t - 1``); a leading slice would mix units trained at this width with units only the
+        wider models trained.
+        """
         full = self.state[self.GLOBAL]
-        out: dict[str, list[Mapping[str, Tensor]]] = {}
-        for v in self.catalog:
-            idx = group_index_sets(self.rules, full, float(v.extra["rate"]), 0)
-            out[v.name] = [extract_with_indices(full, self.rules, idx)]
-        return out
+        return {v.name: [extract_with_indices(full, self.rules, self.index_sets(v.name))] for v in self.catalog}

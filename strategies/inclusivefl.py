@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from logging import INFO
+from typing import Any
 
 import torch
 from flwr.common import log
@@ -223,6 +224,22 @@ class InclusiveFL(HeterogeneousStrategy):
                 beta=self.beta,
             )
         log(INFO, "InclusiveFL round %d: clients per tier %s", server_round, dict(counts))
+
+    def method_state(self) -> dict[str, Any]:
+        """Per tier its FedAdam state and its last momentum ``m_t^j``."""
+        return {"adam": {v: st.to_dict() for v, st in self.adam.items()}, "momenta": dict(self.momenta)}
+
+    def load_method_state(self, data: Mapping[str, Any]) -> None:
+        """Restore :meth:`method_state` (one FedAdam state per catalog tier required)."""
+        adam = data.get("adam")
+        if not isinstance(adam, dict) or set(adam) != set(self.adam):
+            raise ValueError(f"checkpoint's FedAdam states are for tiers {sorted(adam or {})}, not {sorted(self.adam)}")
+        momenta = data.get("momenta", {})
+        unknown = sorted(set(momenta) - set(self.adam))
+        if unknown:
+            raise ValueError(f"checkpoint has momenta of unknown tiers {unknown}")
+        self.adam = {v: FedAdamState.from_dict(st) for v, st in adam.items()}
+        self.momenta = {v: dict(m) for v, m in momenta.items()}
 
 
 def tier_shared_names(catalog: VariantCatalog) -> dict[str, set[str]]:

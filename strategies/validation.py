@@ -83,6 +83,17 @@ def validate_num_examples(metrics: MetricRecord, *, key: str, max_examples: int)
     return int(value)
 
 
+def validate_examples_claim(num_examples: int, reported: int) -> None:
+    """Reject a reply claiming more training examples than its node reported in the handshake.
+
+    A node's weight in every mean is its example count, so inflating it is the cheapest way
+    to dominate an aggregate: ``num_examples <= reported`` is required whenever the node
+    reported a positive count (``reported = 0`` means unknown and is not checked).
+    """
+    if reported > 0 and num_examples > reported:
+        raise ReplyRejected(f"num-examples = {num_examples} exceeds the {reported} the node reported in the handshake")
+
+
 def validate_config(content: RecordDict, *, variant: str, server_round: int) -> ConfigRecord:
     """Check the reply echoes the variant and round the server sent."""
     cfg = _record(content, "config", ConfigRecord)

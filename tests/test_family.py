@@ -10,6 +10,7 @@ from models.data import DataSpec, load_partition
 from models.family import CNNFamily, TransformerFamily
 from models.training import TrainSettings, evaluate_classifier, logits_and_loss, train_classifier
 from server.config import RunConfig
+from strategies.flexifed import architecture_plan, check_layers
 from strategies.heterofl import WidthRules, extract_submodel
 
 CNN = {
@@ -46,7 +47,7 @@ def test_sbn_evaluation_needs_training_batches_and_sets_statistics() -> None:
     spec = cfg.data_spec()
     train, _ = load_partition(spec, 0, 50)
     loader = family.loader(train, batch_size=32, shuffle=True)
-    with pytest.raises(ValueError, match="batch-norm statistics"):
+    with pytest.raises(ValueError, match="static batch norm needs training batches"):
         family.for_evaluation(model, None)
     evaluated = family.for_evaluation(model, loader)
     assert isinstance(evaluated, ConvNet) and isinstance(model, ConvNet)
@@ -80,3 +81,19 @@ def test_transformer_loss_is_the_models_own_cross_entropy() -> None:
     logits, loss = logits_and_loss(model, batch)
     torch.testing.assert_close(loss, model(**batch).loss)
     assert logits.shape == (8, 2)
+
+
+def test_depth_variants_as_flexifed_layers_give_inclusivefl_sharing() -> None:
+    """Max-Common over depth variants averages encoder layer l over every client with >= l layers."""
+    cfg = RunConfig(model="tiny")
+    family = cfg.family()
+    assert isinstance(family, TransformerFamily)
+    layers = family.layers(cfg.catalog)
+    check_layers(cfg.catalog, layers)  # every trainable tensor in exactly one layer
+    assert [layer.signature.kind for layer in layers["weak"]] == ["embeddings", "encoder", "encoder", "classifier"]
+    assert all("word_embeddings" not in n for ls in layers.values() for layer in ls for n in layer.names)  # frozen
+    signatures = {a: [layer.signature for layer in ls] for a, ls in layers.items()}
+    plan = architecture_plan(signatures, set(signatures), mode="max")
+    sharing = [sorted({a for a, _ in group}) if group else [] for group in plan["strong"]]
+    everyone, deeper = ["medium", "strong", "weak"], ["medium", "strong"]
+    assert sharing == [everyone, everyone, everyone, deeper, deeper, ["strong"], ["strong"], ["strong"]]

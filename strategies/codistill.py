@@ -1,0 +1,624 @@
+r"""Federated co-distillation between capacity pools: PeriodicCodist and MergedCodist.
+
+Seed 003 ("Federated co-distillation ... heterogeneous devices"), Algorithms 1 and 2
+(Appendix B), settings in Appendix C.  Clients form *pools* by capacity; pool ``i`` trains its
+own model ``theta_i`` by FedAvg with a per-pool FedAdam server optimizer (``beta_1 = 0.9``,
+``beta_2 = 0.999``, ``tau = 1e-5``, server learning rate decaying linearly to 0 over the
+rounds).  No parameter is shared between pools: they exchange knowledge only by distillation on
+the server's unlabeled data.
+
+Distillation (Appendix C.4) of student ``i`` from the teacher ``j != i`` (both copies taken at
+the same moment), on unlabeled inputs ``x`` with temperature ``T`` and student regularization
+``lam``:
+
+.. math::
+
+    q &= (1 - \lambda)\,\mathrm{softmax}(z_j(x) / T) + \lambda\,\mathrm{softmax}(z_i^{0}(x) / T) \\
+    \mathcal{L} &= \mathrm{KL}\big(q \,\|\, \mathrm{softmax}(z_i(x) / T)\big)
+
+where ``z_i^0`` are the student's logits at the start of distillation (a frozen copy) and
+``z_i`` its current logits; ``s`` Adam steps (default hyper-parameters, a fresh optimizer per
+distillation, learning rate decaying linearly over the rounds) give ``theta_i^student``.  With
+more than two pools the teacher distribution is the mean of the other pools' tempered
+softmaxes (for two pools exactly the paper's).
+
+* **PeriodicCodist** (Algorithm 1): FedAvg in every pool; after the FedAvg update of round
+  ``t`` with ``t % p == 0``, every model distills ``s`` steps from copies of the others,
+  is replaced by its student, and its FedAdam moments (and step count) are reset.
+* **MergedCodist** (Algorithm 2): every round, from copies of the round-start models
+  ``theta_i^t``, ``s`` steps give ``theta_i^student``; the distillation gradient is merged with
+  the FedAvg pseudo-gradient and applied by FedAdam:
+  ``Delta_i = alpha g_i + (1 - alpha) delta_i ||g_i|| / ||delta_i||`` (``alpha = 1``: FedAvg).
+* **fedavg**: per-pool FedAvg/FedAdam only (the paper's baseline).
+
+Sign convention
+---------------
+The paper (FedJAX) writes pseudo-gradients as descent directions,
+``g_i = theta_i^t - mean_k theta_{i,k}`` and ``delta_i = theta_i^t - theta_i^student``, and
+applies ``theta <- theta - eta Adam(Delta)``.  This project's
+:func:`~strategies.fedadam.fedadam_step` takes *update* directions and applies
+``theta <- theta + eta_t m / (sqrt(v) + tau)``.  Here, therefore,
+``g_i = mean_k theta_{i,k} - theta_i^t`` and ``delta_i = theta_i^student - theta_i^t`` (both
+negated).  :func:`merged_update` is odd in ``(g, delta)`` jointly and Adam's ``m / sqrt(v)`` is
+odd in its input, so both conventions give the same new parameters.
+
+The math is the pure functions below; :class:`CoDistillation` is the Flower glue.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import INFO
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.nn.functional as F
+from flwr.app import ConfigRecord, MessageType
+from flwr.common import log
+from torch import Tensor, nn
+
+from models.catalog import VariantCatalog
+from strategies.base import HeterogeneousStrategy, Sent
+from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
+
+Params = dict[str, Tensor]
+Mode = Literal["periodic", "merged", "fedavg"]
+Membership = Literal["instead", "also"]
+MODES: tuple[str, ...] = ("periodic", "merged", "fedavg")
+MEMBERSHIPS: tuple[str, ...] = ("instead", "also")
+_T = TypeVar("_T")
+
+#: The paper's server optimizer (Appendix C.3): FedAdam with Adam's defaults but ``tau = 1e-5``.
+#: ``eta`` was tuned per pool on ``(1e-4, 1e-1)``; ``1e-2`` is a starting point.
+CODIST_FEDADAM = FedAdamConfig(eta=1e-2, beta_1=0.9, beta_2=0.999, tau=1e-5)
+
+
+class CodistConfigError(ValueError):
+    """Inconsistent co-distillation settings (raised before round 1)."""
+
+
+class DistillationError(RuntimeError):
+    """Distillation could not run (e.g. the batches ran out before ``steps``)."""
+
+
+# --- pure math --------------------------------------------------------------------------------
+
+
+def tempered_softmax(z: Tensor, temperature: float) -> Tensor:
+    """``softmax(z / T)`` over the last axis."""
+    if not temperature > 0.0:
+        raise CodistConfigError(f"temperature must be > 0, got {temperature}")
+    return torch.softmax(z / temperature, dim=-1)
+
+
+def distillation_target(
+    z_teacher: Tensor | Sequence[Tensor], z_student_start: Tensor, temperature: float, lam: float
+) -> Tensor:
+    r"""Target distribution of one student (Appendix C.4).
+
+    ``q = (1 - lam) * softmax(z_teacher / T) + lam * softmax(z_student_start / T)``; with several
+    teachers, ``softmax(z_teacher / T)`` is replaced by the mean of their tempered softmaxes.
+    ``lam = 0`` is the teacher's distribution, ``lam = 1`` the student's own at the start.
+
+    Parameters
+    ----------
+    z_teacher : Tensor or Sequence[Tensor]
+        Teacher logits ``(batch, classes)`` (one tensor per teacher).
+    z_student_start : Tensor
+        Logits of the student's start-of-distillation copy, ``(batch, classes)``.
+    temperature : float
+        ``T > 0``.
+    lam : float
+        Student regularization in ``[0, 1]``.
+
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise CodistConfigError(f"lam must be in [0, 1], got {lam}")
+    teachers = [z_teacher] if isinstance(z_teacher, Tensor) else list(z_teacher)
+    if not teachers:
+        raise CodistConfigError("distillation needs at least one teacher")
+    p_teacher = torch.stack([tempered_softmax(z, temperature) for z in teachers]).mean(dim=0)
+    return (1.0 - lam) * p_teacher + lam * tempered_softmax(z_student_start, temperature)
+
+
+def distillation_loss(z_student: Tensor, target: Tensor, temperature: float) -> Tensor:
+    r"""``KL(target || softmax(z_student / T))``, averaged over the batch.
+
+    ``L = (1 / B) sum_b sum_c q_bc (log q_bc - log softmax(z_b / T)_c)`` with ``0 log 0 = 0``.
+    No ``T^2`` factor (the paper states none; Adam is invariant to a constant loss scale).
+    """
+    log_p = torch.log_softmax(z_student / temperature, dim=-1)
+    return F.kl_div(log_p, target, reduction="batchmean")
+
+
+def linear_decay(lr0: float, server_round: int, total_rounds: int) -> float:
+    """Learning rate of round ``t`` (1-based) decaying linearly to 0 over ``T`` rounds.
+
+    ``lr_t = lr0 * max(0, 1 - (t - 1) / T)``: ``lr0`` in round 1, ``lr0 / T`` in round ``T``,
+    0 afterwards -- ``optax.linear_schedule(lr0, 0, T)`` evaluated at step ``t - 1``, the
+    schedule of the paper's FedJAX server and distillation optimizers (Appendix C.3-C.4).
+
+    Raises
+    ------
+    CodistConfigError
+        For ``t < 1`` or ``T < 1``.
+
+    """
+    if server_round < 1 or total_rounds < 1:
+        raise CodistConfigError(f"need round >= 1 and total rounds >= 1, got {server_round} and {total_rounds}")
+    return lr0 * max(0.0, 1.0 - (server_round - 1) / total_rounds)
+
+
+def global_norm(tensors: Mapping[str, Tensor]) -> float:
+    """L2 norm of all tensors together, ``sqrt(sum_k ||t_k||^2)`` (accumulated in float64)."""
+    total = 0.0
+    for t in tensors.values():
+        total += float(torch.sum(t.detach().to(torch.float64) ** 2))
+    return math.sqrt(total)
+
+
+def merged_update(g: Mapping[str, Tensor], delta: Mapping[str, Tensor], alpha: float) -> Params:
+    r"""MergedCodist's merged pseudo-gradient (Algorithm 2, line 8; eq. 2).
+
+    ``Delta = alpha g + (1 - alpha) delta ||g||_2 / ||delta||_2``, the norms taken over all of
+    ``g``'s tensors together (the whole model's update).  Keys are ``g``'s; ``delta`` must hold
+    them (extra keys are ignored).  ``alpha = 1`` returns ``g`` bit for bit (FedAvg).
+
+    Zero norms: when ``||delta|| = 0`` (the student did not move: ``s = 0``, learning rate 0,
+    or it already matches its target) the distillation term is 0 and ``Delta = alpha g``; when
+    ``||g|| = 0`` the rescaled distillation term is 0 as well.  Nothing is ever divided by 0.
+
+    Raises
+    ------
+    CodistConfigError
+        For ``alpha`` outside ``[0, 1]`` or ``delta`` lacking a key of ``g``.
+
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise CodistConfigError(f"alpha must be in [0, 1], got {alpha}")
+    missing = [k for k in g if k not in delta]
+    if missing:
+        raise CodistConfigError(f"distillation gradient lacks {missing[:3]}")
+    g_norm = global_norm(g)
+    d_norm = global_norm({k: delta[k] for k in g})
+    scale = 0.0 if d_norm == 0.0 else (1.0 - alpha) * g_norm / d_norm
+    return {k: alpha * t + scale * delta[k] for k, t in g.items()}
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Distillation hyper-parameters of one student (Appendix C.4).
+
+    Attributes
+    ----------
+    steps : int
+        Adam steps ``s`` per distillation (paper: 200 for PeriodicCodist, 32 for MergedCodist).
+    temperature : float
+        ``T > 0`` of the teacher (and student) softmax (tuned on ``(0.1, 10)``).
+    lam : float
+        Student regularization toward its start-of-distillation predictions (tuned on
+        ``(0.001, 0.5)``).
+    lr : float
+        Initial Adam learning rate (tuned on ``(1e-4, 1e-1)``).
+    batch_size : int
+        Unlabeled examples per step.
+    decay : bool
+        Decay ``lr`` linearly to 0 over the rounds (:func:`linear_decay`).
+
+    """
+
+    steps: int = 32
+    temperature: float = 1.0
+    lam: float = 0.1
+    lr: float = 1e-3
+    batch_size: int = 64
+    decay: bool = True
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise CodistConfigError(f"steps must be >= 0, got {self.steps}")
+        if not self.temperature > 0.0:
+            raise CodistConfigError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise CodistConfigError(f"lam must be in [0, 1], got {self.lam}")
+        if self.lr < 0.0:
+            raise CodistConfigError(f"lr must be >= 0, got {self.lr}")
+        if self.batch_size < 1:
+            raise CodistConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class Distilled:
+    """Result of :func:`distill`: the student's new state and the loss of every step."""
+
+    state: Params
+    losses: list[float] = field(default_factory=list)
+
+
+def distill(
+    student: nn.Module,
+    teacher: nn.Module | Sequence[nn.Module],
+    batches: Iterable[Tensor],
+    *,
+    steps: int,
+    temperature: float,
+    lam: float,
+    lr: float,
+    device: torch.device | str | None = None,
+) -> Distilled:
+    r"""Distill ``teacher`` into a copy of ``student`` for ``steps`` Adam steps.
+
+    Per step, on the next batch ``x``: ``q`` = :func:`distillation_target` of the teachers'
+    logits and the logits of a frozen copy of the student as given (``z_i^0``), then one Adam
+    step (default betas, a fresh optimizer) on :func:`distillation_loss`.  ``student`` and the
+    teachers are not modified (teachers run in eval mode, their mode is restored).
+
+    Parameters
+    ----------
+    student : nn.Module
+        Start of distillation, ``theta_i^t``.
+    teacher : nn.Module or Sequence[nn.Module]
+        The other pools' models.
+    batches : Iterable[Tensor]
+        Unlabeled inputs; the first ``steps`` batches are used.
+    steps : int
+        Number of Adam steps ``s`` (0 returns the student's state unchanged).
+    temperature, lam, lr : float
+        ``T``, student regularization, Adam learning rate.
+    device : torch.device or str, optional
+        Where to compute (default: the student's device); the returned state is on the
+        student's original device.
+
+    Returns
+    -------
+    Distilled
+        ``theta_i^student`` (every state-dict tensor, detached) and the per-step losses.
+
+    Raises
+    ------
+    DistillationError
+        When ``batches`` yields fewer than ``steps`` batches.
+
+    """
+    if steps < 0:
+        raise CodistConfigError(f"steps must be >= 0, got {steps}")
+    home = next((p.device for p in student.parameters()), torch.device("cpu"))
+    dev = torch.device(device) if device is not None else home
+    work = copy.deepcopy(student).to(dev).train()
+    if steps == 0:
+        return Distilled({k: v.detach().clone().to(home) for k, v in work.state_dict().items()})
+    start = copy.deepcopy(student).to(dev).eval()
+    teachers = [teacher] if isinstance(teacher, nn.Module) else list(teacher)
+    modes = [t.training for t in teachers]
+    for t in teachers:
+        t.to(dev).eval()
+    opt = torch.optim.Adam(work.parameters(), lr=lr)
+    losses: list[float] = []
+    it = iter(batches)
+    try:
+        for step in range(steps):
+            try:
+                x = next(it)
+            except StopIteration:
+                raise DistillationError(f"distillation batches ran out after {step} of {steps} steps") from None
+            if not isinstance(x, Tensor):
+                raise TypeError(f"distillation batches must be tensors, got {type(x).__name__}")
+            x = x.to(dev)
+            with torch.no_grad():
+                target = distillation_target([t(x) for t in teachers], start(x), temperature, lam)
+            loss = distillation_loss(work(x), target, temperature)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    finally:
+        for t, mode in zip(teachers, modes, strict=True):
+            t.train(mode)
+    return Distilled({k: v.detach().clone().to(home) for k, v in work.state_dict().items()}, losses)
+
+
+def sample_batches(x: Tensor, *, steps: int, batch_size: int, seed: int) -> Iterator[Tensor]:
+    """``steps`` batches of ``x`` in seeded epochs: a fresh random permutation per pass.
+
+    A batch never spans two passes; ``batch_size`` larger than ``len(x)`` gives batches of
+    the whole (shuffled) set.
+    """
+    n = int(x.shape[0])
+    if n == 0:
+        raise DistillationError("the unlabeled distillation set is empty")
+    gen = torch.Generator().manual_seed(seed)
+    size = min(batch_size, n)
+    done = 0
+    while done < steps:
+        perm = torch.randperm(n, generator=gen)
+        for lo in range(0, n - size + 1, size):
+            if done == steps:
+                return
+            yield x[perm[lo : lo + size]]
+            done += 1
+
+
+# --- Flower glue ------------------------------------------------------------------------------
+
+
+class CoDistillation(HeterogeneousStrategy):
+    """PeriodicCodist / MergedCodist / per-pool FedAvg on Flower (seed 003, Algorithms 1-2).
+
+    Pools are the catalog variants (smallest first).  Each pool's model lives in
+    ``self.state[pool]``; its FedAdam state in ``self.adam[pool]``
+    (:class:`~strategies.fedadam.FedAdamState`, reset after a periodic distillation).  One
+    round, after the base class has validated replies and formed the example-weighted mean
+    client weights ``w_i`` of every pool that had replies:
+
+    * ``g_i = w_i - theta_i^t`` (update direction, see the module's sign convention);
+    * ``merged``: students ``theta_i^student`` from copies of the round-start models,
+      ``delta_i = theta_i^student - theta_i^t``, ``Delta_i`` = :func:`merged_update`;
+      ``fedavg`` / ``periodic``: ``Delta_i = g_i``;
+    * ``theta_i^{t+1}`` = :func:`~strategies.fedadam.fedadam_step` with ``eta`` =
+      :func:`linear_decay` of the pool's ``eta`` (when ``server_lr_decay``);
+    * ``periodic`` and ``t % period == 0``: distill every pool from copies of the others
+      (all taken after this round's FedAdam updates), replace, reset every FedAdam state.
+
+    A pool without replies this round is not updated (no ``g_i`` to rescale by); it still
+    teaches.  Per pool and round the report gets ``distill-seconds`` (server wall seconds of
+    that student's distillation, 0 when none ran), ``distill-loss`` (KL at the last step),
+    ``server-lr`` and ``distill-lr``.
+
+    Parameters
+    ----------
+    catalog : VariantCatalog
+        One variant per pool (e.g. :func:`models.codist.codist_catalog`).
+    num_rounds : int
+        Total rounds ``T`` of the linear decays.
+    build_model : Callable[[str], nn.Module]
+        Pool name -> a fresh model whose ``state_dict`` keys are the pool's layout names.
+        Needed unless ``mode="fedavg"``.
+    distill_data : Tensor or Callable[[], Iterable[Tensor]]
+        Unlabeled inputs ``(N, C, H, W)`` sampled with :func:`sample_batches` (seeded by
+        ``seed`` and the round; every student of a round sees the same batches), or a callable
+        returning a fresh iterable of batches per student.  Needed unless ``mode="fedavg"``.
+    mode : {"merged", "periodic", "fedavg"}
+        MergedCodist, PeriodicCodist or the FedAvg baseline.
+    alpha : float
+        MergedCodist's merging factor (tuned on ``(0.05, 0.95)``; 1 = FedAvg).
+    period : int
+        PeriodicCodist's ``p`` (paper: 200).
+    adam : FedAdamConfig or Mapping[str, FedAdamConfig]
+        Server optimizer, one for all pools or one per pool (the paper tunes ``eta`` per pool).
+    distill : DistillConfig or Mapping[str, DistillConfig]
+        Distillation settings, one for all students or one per student pool.
+    server_lr_decay : bool
+        Decay every pool's FedAdam ``eta`` linearly to 0 over ``num_rounds``.
+    membership : {"instead", "also"}
+        ``instead``: a node trains only the variant it chose (the largest that fits).
+        ``also``: a node trains every pool up to and including its choice, one message per
+        pool and round (the paper's nested pools ``P_H subset P``).
+    device : str or torch.device
+        Where distillation runs.
+    seed : int
+        Seed of node sampling and of distillation batches.
+    **kwargs
+        Passed to :class:`~strategies.base.HeterogeneousStrategy`.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        catalog: VariantCatalog,
+        num_rounds: int,
+        build_model: Callable[[str], nn.Module] | None = None,
+        distill_data: Tensor | Callable[[], Iterable[Tensor]] | None = None,
+        mode: Mode = "merged",
+        alpha: float = 0.5,
+        period: int = 200,
+        adam: FedAdamConfig | Mapping[str, FedAdamConfig] | None = None,
+        distill: DistillConfig | Mapping[str, DistillConfig] | None = None,
+        server_lr_decay: bool = True,
+        membership: Membership = "instead",
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        **kwargs: object,
+    ) -> None:
+        if mode not in MODES:
+            raise CodistConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if membership not in MEMBERSHIPS:
+            raise CodistConfigError(f"membership must be one of {MEMBERSHIPS}, got {membership!r}")
+        if num_rounds < 1:
+            raise CodistConfigError(f"num_rounds must be >= 1, got {num_rounds}")
+        if period < 1:
+            raise CodistConfigError(f"period must be >= 1, got {period}")
+        if not 0.0 <= alpha <= 1.0:
+            raise CodistConfigError(f"alpha must be in [0, 1], got {alpha}")
+        if mode != "fedavg":
+            if len(catalog) < 2:
+                raise CodistConfigError(f"co-distillation ({mode}) needs at least two pools, got {catalog.names()}")
+            if build_model is None or distill_data is None:
+                raise CodistConfigError(f"mode {mode!r} needs build_model and distill_data")
+        super().__init__(catalog=catalog, seed=seed, **kwargs)  # type: ignore[arg-type]
+        self.pools = catalog.names()
+        self.num_rounds = num_rounds
+        self.build_model = build_model
+        self.distill_data = distill_data
+        self.mode: Mode = mode
+        self.alpha = alpha
+        self.period = period
+        self.adam_cfg = _per_pool(adam if adam is not None else CODIST_FEDADAM, self.pools, "adam")
+        self.distill_cfg = _per_pool(distill if distill is not None else DistillConfig(), self.pools, "distill")
+        self.server_lr_decay = server_lr_decay
+        self.membership: Membership = membership
+        self.device = torch.device(device)
+        self.seed = seed
+        self.adam = {p: FedAdamState() for p in self.pools}
+
+    # ------------------------------------------------------------ membership
+    def node_variants(self, node_id: int) -> list[str]:
+        """Pools a node trains this round: its choice, or every pool up to it (``also``)."""
+        chosen = self.profiles[node_id].variant
+        if chosen is None:
+            return []
+        if self.membership == "instead":
+            return [chosen]
+        return self.pools[: self.pools.index(chosen) + 1]
+
+    def _messages(self, nodes: Iterable[int], server_round: int, config: ConfigRecord, kind: str) -> dict[str, Sent]:
+        """Training messages for every pool of :meth:`node_variants` (``also``); else the base's.
+
+        Stop-gap until the base builds messages from a per-node variant list: the base's
+        one-message-per-node builder is called once per (node, pool) with the node's profile
+        temporarily naming that pool.  Evaluation stays one message per node (its choice).
+        """
+        if self.membership == "instead" or kind != MessageType.TRAIN:
+            return super()._messages(nodes, server_round, config, kind)
+        out: dict[str, Sent] = {}
+        for node in nodes:
+            profile = self.profiles[node]
+            chosen = profile.variant
+            try:
+                for variant in self.node_variants(node):
+                    profile.variant = variant
+                    out.update(super()._messages([node], server_round, config, kind))
+            finally:
+                profile.variant = chosen
+        return out
+
+    # ------------------------------------------------------------------ math
+    def server_adam_config(self, pool: str, server_round: int) -> FedAdamConfig:
+        """The pool's FedAdam config with this round's (decayed) ``eta``."""
+        cfg = self.adam_cfg[pool]
+        if not self.server_lr_decay:
+            return cfg
+        return dataclasses.replace(cfg, eta=linear_decay(cfg.eta, server_round, self.num_rounds))
+
+    def distill_lr(self, pool: str, server_round: int) -> float:
+        """The student pool's Adam learning rate this round."""
+        cfg = self.distill_cfg[pool]
+        return linear_decay(cfg.lr, server_round, self.num_rounds) if cfg.decay else cfg.lr
+
+    def distillation_batches(self, pool: str, server_round: int) -> Iterable[Tensor]:
+        """Unlabeled batches for student ``pool`` in ``server_round``."""
+        data = self.distill_data
+        if data is None:
+            raise CodistConfigError("no distillation data was given")
+        if isinstance(data, Tensor):
+            cfg = self.distill_cfg[pool]
+            return sample_batches(
+                data, steps=cfg.steps, batch_size=cfg.batch_size, seed=self.seed * 1_000_003 + server_round
+            )
+        return data()
+
+    def _model(self, pool: str, params: Mapping[str, Tensor]) -> nn.Module:
+        if self.build_model is None:
+            raise CodistConfigError("no build_model was given")
+        model = self.build_model(pool)
+        model.load_state_dict(dict(params), strict=True)
+        return model.to(self.device)
+
+    def codistill(
+        self, server_round: int, sources: Mapping[str, Mapping[str, Tensor]], students: Sequence[str]
+    ) -> dict[str, Params]:
+        """Distill each of ``students`` from the other pools' models, all built from ``sources``.
+
+        Every model is a copy of ``sources`` taken before any student moves (Algorithms 1-2,
+        "in parallel").  Reports ``distill-seconds``, ``distill-loss`` and ``distill-lr`` per
+        student.
+        """
+        report = self.report(server_round)
+        models = {p: self._model(p, sources[p]) for p in self.pools}
+        out: dict[str, Params] = {}
+        for pool in students:
+            cfg = self.distill_cfg[pool]
+            lr = self.distill_lr(pool, server_round)
+            t0 = time.perf_counter()
+            result = distill(
+                models[pool],
+                [m for p, m in models.items() if p != pool],
+                self.distillation_batches(pool, server_round),
+                steps=cfg.steps,
+                temperature=cfg.temperature,
+                lam=cfg.lam,
+                lr=lr,
+            )
+            seconds = time.perf_counter() - t0
+            out[pool] = {k: result.state[k].cpu() for k in sources[pool]}
+            group = report.group(pool)
+            group["distill-seconds"] = seconds
+            group["distill-lr"] = lr
+            if result.losses:
+                group["distill-loss"] = result.losses[-1]
+        return out
+
+    def apply_round(
+        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
+    ) -> None:
+        """One round of the configured mode (see the class docstring)."""
+        report = self.report(server_round)
+        for pool in self.pools:
+            report.group(pool)["distill-seconds"] = 0.0
+        start = {p: dict(self.state[p]) for p in self.pools}
+        g = {p: {k: t - start[p][k] for k, t in m.items()} for p, m in means.items() if counts.get(p, 0) > 0}
+        if self.mode == "merged":
+            students = self.codistill(server_round, start, [p for p in self.pools if p in g])
+            with torch.no_grad():
+                update = {
+                    p: merged_update(gp, {k: students[p][k] - start[p][k] for k in gp}, self.alpha)
+                    for p, gp in g.items()
+                }
+        else:
+            update = g
+        new = dict(start)
+        with torch.no_grad():
+            for pool, delta in update.items():
+                cfg = self.server_adam_config(pool, server_round)
+                new[pool] = fedadam_step(start[pool], delta, self.adam[pool], cfg)
+                report.group(pool)["server-lr"] = cfg.eta
+        self.state = new
+        if self.mode == "periodic" and server_round % self.period == 0:
+            self.state = {**self.state, **self.codistill(server_round, self.state, self.pools)}
+            for state in self.adam.values():
+                state.reset()
+            log(INFO, "PeriodicCodist round %d: co-distilled %s, FedAdam moments reset", server_round, self.pools)
+        log(INFO, "CoDistillation (%s) round %d: clients per pool %s", self.mode, server_round, dict(counts))
+
+    def method_state(self) -> dict[str, Any]:
+        """Checkpointed method state: every pool's FedAdam moments and step count.
+
+        Distillation keeps no state between rounds (fresh Adam per distillation, batches seeded
+        by the round), so a resumed run continues exactly.
+        """
+        return {"adam": {p: st.to_dict() for p, st in self.adam.items()}}
+
+    def load_method_state(self, data: Mapping[str, Any]) -> None:
+        """Restore :meth:`method_state` (one FedAdam state per pool required)."""
+        adam = data.get("adam")
+        if not isinstance(adam, dict) or set(adam) != set(self.pools):
+            raise ValueError(f"checkpoint's FedAdam states are for pools {sorted(adam or {})}, not {self.pools}")
+        self.adam = {p: FedAdamState.from_dict(st) for p, st in adam.items()}
+
+    def summary(self) -> None:
+        """Log the mode and its settings, then the base summary."""
+        log(
+            INFO,
+            "\t├──> co-distillation mode %s (alpha %.3g, period %d, %s), %d rounds",
+            self.mode,
+            self.alpha,
+            self.period,
+            self.membership,
+            self.num_rounds,
+        )
+        super().summary()
+
+
+def _per_pool(value: _T | Mapping[str, _T], pools: Sequence[str], what: str) -> dict[str, _T]:
+    """``{pool: value}`` from one value or a per-pool mapping covering every pool."""
+    if isinstance(value, Mapping):
+        missing = [p for p in pools if p not in value]
+        if missing:
+            raise CodistConfigError(f"{what} settings lack pools {missing}")
+        return {p: value[p] for p in pools}
+    return dict.fromkeys(pools, value)
