@@ -235,15 +235,17 @@ def heterofl_aggregate(work: Workload, phases: dict[str, float] | None = None) -
 
 
 def heterofl_state_bytes(work: Workload) -> int:
-    """Bytes :class:`CoverageMean` keeps (``S`` and ``W``) after every reply of the round is added.
+    """Bytes :class:`CoverageMean` holds at its peak: the sums ``S`` after every reply, plus one coverage tensor.
 
-    Accumulators exist only for tensors some reply carries (frozen tensors cost nothing), so
-    this is at most two full models, whatever the number of replies.
+    Sums exist only for tensors some reply carries (frozen tensors cost nothing) and the
+    coverage ``W`` is built one tensor at a time in ``result``, so this is at most one model
+    plus its largest tensor, whatever the number of replies.
     """
     acc = CoverageMean(work.full, work.rules)
     for r in work.replies:
         acc.add(r.params, group_index_sets(work.rules, work.full, r.rate, 0), r.weight)
-    return nbytes(acc.sums) + nbytes(acc.weights)
+    largest = max((t.numel() * t.element_size() for t in acc.sums.values()), default=0)
+    return nbytes(acc.sums) + largest
 
 
 @dataclass

@@ -22,8 +22,9 @@ from flwr.serverapp import Grid, ServerApp
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from models.data import DataSpec, num_labels, server_stats_set, server_test_set
-from models.family import ArchitectureFamily
+from models.codist import unlabeled_image_crops, unlabeled_images
+from models.data import DataSpec, load_splits, num_labels, server_stats_set, server_test_set
+from models.family import ArchitectureFamily, TransformerFamily
 from models.images import image_shape
 from models.training import evaluate_classifier
 from server.checkpoint import (
@@ -38,10 +39,11 @@ from server.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from server.config import FLEXIFED_MODES, ConfigError, RunConfig
+from server.config import CODIST_MODES, FLEXIFED_MODES, ConfigError, RunConfig
 from server.results import ResultsWriter
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
+from strategies.codistill import CoDistillation, DistillConfig
 from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL, WidthRules
 from strategies.inclusivefl import InclusiveFL
@@ -66,7 +68,27 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
     if cfg.method == "local":
         return LocalTraining(**common)  # type: ignore[arg-type]
     family = cfg.family()
-    if isinstance(family, ArchitectureFamily):
+    if cfg.method in CODIST_MODES:
+        return CoDistillation(
+            num_rounds=cfg.num_server_rounds,
+            build_model=lambda pool: family.build(cfg.catalog.get(pool)),
+            distill_data=distillation_inputs(cfg),
+            mode=CODIST_MODES[cfg.method],  # type: ignore[arg-type]
+            alpha=cfg.codist_alpha,
+            period=cfg.codist_period,
+            adam=cfg.fedadam(),
+            distill=DistillConfig(
+                steps=cfg.distill_steps,
+                temperature=cfg.distill_temperature,
+                lam=cfg.distill_lambda,
+                lr=cfg.distill_lr,
+                batch_size=cfg.distill_batch_size,
+            ),
+            membership=cfg.codist_membership,
+            **common,  # type: ignore[arg-type]
+        )
+    if cfg.method in FLEXIFED_MODES:
+        assert isinstance(family, ArchitectureFamily | TransformerFamily)
         return FlexiFed(
             signatures=family.layers(cfg.catalog),
             mode=FLEXIFED_MODES[cfg.method],
@@ -85,6 +107,14 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
         )
     beta = cfg.beta if cfg.method == "inclusivefl" else 0.0
     return InclusiveFL(beta=beta, adam=cfg.fedadam(), **common)  # type: ignore[arg-type]
+
+
+def distillation_inputs(cfg: RunConfig) -> Tensor:
+    """Unlabeled images the server distills on: photo crops (out-of-domain) or training images without labels."""
+    if cfg.distill_data == "crops":
+        return unlabeled_image_crops(cfg.distill_size, cfg.image_size, cfg.image_channels, seed=cfg.seed)
+    train, _ = load_splits(cfg.data_spec())
+    return unlabeled_images(train, cfg.distill_size, seed=cfg.seed)
 
 
 class CentralEvaluator:

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from models import cnn
 from models.architectures import RESNET_BLOCKS, VGG_CONFIGS, architecture_catalog
 from models.catalog import VariantCatalog
+from models.codist import CODIST_SIZES, CodistFamily, codist_catalog
+from models.codist import FAMILY as CODIST_MODEL
 from models.data import DataSpec
 from models.family import ArchitectureFamily, CNNFamily, ModelFamily, TransformerFamily, parse_widths
 from models.training import TrainSettings
@@ -38,6 +40,9 @@ Method = Literal[
     "flexifed-max",
     "clustered-fl",
     "standalone",
+    "codist-merged",
+    "codist-periodic",
+    "codist-fedavg",
 ]
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = ("heterofl", "fedrolex")
@@ -52,6 +57,8 @@ FLEXIFED_MODES = {
     "clustered-fl": "clustered-fl",
     "standalone": "standalone",
 }
+#: Co-distillation methods (``model = "codist-cnn"``, tiers = pools named by model size).
+CODIST_MODES = {"codist-merged": "merged", "codist-periodic": "periodic", "codist-fedavg": "fedavg"}
 #: Architecture families and their members.
 ARCH_FAMILIES = {"vgg": tuple(VGG_CONFIGS), "resnet": tuple(RESNET_BLOCKS)}
 
@@ -85,6 +92,16 @@ class RunConfig(BaseModel):
     model: str = "minilm-l6"
     cnn_widths: str = "32:64:128:256"
     arch_width: float = Field(0.25, gt=0.0, le=4.0)
+    codist_alpha: float = Field(0.5, ge=0.0, le=1.0)
+    codist_period: int = Field(5, ge=1)
+    codist_membership: Literal["instead", "also"] = "also"
+    distill_steps: int = Field(32, ge=0)
+    distill_temperature: float = Field(1.0, gt=0.0)
+    distill_lambda: float = Field(0.1, ge=0.0, le=1.0)
+    distill_lr: float = Field(1e-3, ge=0.0)
+    distill_batch_size: int = Field(64, ge=1)
+    distill_data: Literal["crops", "in-domain"] = "crops"
+    distill_size: int = Field(2000, ge=1)
     flexifed_uniform: bool = False
     flexifed_share_classifier: bool = False
     image_channels: int = Field(1, ge=1)
@@ -209,10 +226,20 @@ class RunConfig(BaseModel):
                 raise ValueError(
                     f"run config 'tiers': {unknown} are not {self.model!r} architectures {ARCH_FAMILIES[self.model]}"
                 )
-        elif self.method in FLEXIFED_MODES:
+        elif self.method in FLEXIFED_MODES and (self.is_cnn or self.is_codist):
             raise ValueError(
-                f"run config 'method': {self.method!r} needs model 'vgg' or 'resnet' (architectures as tiers)"
+                f"run config 'method': {self.method!r} needs model 'vgg', 'resnet' (architectures as tiers) "
+                "or a transformer (depth tiers)"
             )
+        if self.is_codist != (self.method in CODIST_MODES):
+            raise ValueError(
+                f"run config 'method': co-distillation methods {tuple(CODIST_MODES)} and model "
+                f"{CODIST_MODEL!r} go together (got method {self.method!r}, model {self.model!r})"
+            )
+        if self.is_codist:
+            unknown = [t for t in self.tier_names if t not in CODIST_SIZES]
+            if unknown:
+                raise ValueError(f"run config 'tiers': pools {unknown} are not model sizes {tuple(CODIST_SIZES)}")
         if self.is_cnn and self.method not in CNN_METHODS:
             raise ValueError(
                 f"run config 'method': {self.method!r} needs a depth-cut model; "
@@ -236,7 +263,7 @@ class RunConfig(BaseModel):
         widths = () if self.tier_widths == "auto" else (("tier-widths", self.tier_widths),)
         for key, items in (
             *widths,
-            *(() if self.is_cnn or self.is_architectures else (("tier-layers", self.tier_layers),)),
+            *(() if self.image_data else (("tier-layers", self.tier_layers),)),
             ("tier-proportions", self.tier_proportions),
             *(() if self.tier_memory_mb == "auto" else (("tier-memory-mb", self.tier_memory_mb),)),
         ):
@@ -304,9 +331,14 @@ class RunConfig(BaseModel):
         return self.model in ARCH_FAMILIES
 
     @property
+    def is_codist(self) -> bool:
+        """Whether ``model`` is the co-distillation CNN pair (pools of model sizes)."""
+        return self.model == CODIST_MODEL
+
+    @property
     def image_data(self) -> bool:
-        """Whether the model reads images (CNNs and architecture families)."""
-        return self.is_cnn or self.is_architectures
+        """Whether the model reads images (CNNs, architecture families, the co-distillation CNNs)."""
+        return self.is_cnn or self.is_architectures or self.is_codist
 
     @property
     def uses_width(self) -> bool:
@@ -315,6 +347,10 @@ class RunConfig(BaseModel):
 
     def family(self) -> ModelFamily:
         """The model family the apps build variants from."""
+        if self.is_codist:
+            return CodistFamily(
+                in_channels=self.image_channels, num_classes=self.num_labels, image_size=self.image_size
+            )
         if self.is_architectures:
             return ArchitectureFamily(
                 width=self.arch_width, in_channels=self.image_channels, num_classes=self.num_labels
@@ -389,7 +425,16 @@ class RunConfig(BaseModel):
 
     @cached_property
     def catalog(self) -> VariantCatalog:
-        """Every tier's variant: architectures, width variants (HeteroFL/FedRolex, CNNs) or depth variants."""
+        """Every tier's variant: pools, architectures, width variants (HeteroFL/FedRolex, CNNs) or depth variants."""
+        if self.is_codist:
+            return codist_catalog(
+                [(t, t) for t in self.tier_names],
+                in_channels=self.image_channels,
+                num_classes=self.num_labels,
+                image_size=self.image_size,
+                batch_size=self.batch_size,
+                optimizer=self.optimizer,
+            )
         if self.is_architectures:
             return architecture_catalog(
                 self.tier_names,

@@ -273,15 +273,18 @@ def contiguous_runs(idx: Tensor) -> list[tuple[int, int, int]]:
 class CoverageMean:
     """Streaming per-element weighted mean over the replies that cover each element.
 
-    For every full-model tensor a reply carries it keeps ``S = sum_i w_i x_i`` and
-    ``W = sum_i w_i`` at full size (allocated on first use: tensors no reply carries, such as
-    frozen embeddings, cost nothing); :meth:`add` adds one reply into them at the Cartesian
-    product of its index sets, :meth:`result` returns ``S / W`` where ``W > 0`` and the previous
-    value elsewhere.  Memory is at most two full models whatever the number of replies.
+    For every full-model tensor a reply carries it keeps ``S = sum_i w_i x_i`` at full size
+    (allocated on first use: tensors no reply carries, such as frozen embeddings, cost
+    nothing).  The coverage ``W = sum_i w_i 1[e in I_i]`` is not accumulated per reply: replies
+    with equal index sets (one *pattern* per rate, and per window for FedRolex) cover the same
+    elements, so only the total weight of each pattern is kept and ``W`` is built once per
+    tensor in :meth:`result` from the few patterns of the round.  :meth:`result` returns
+    ``S / W`` where ``W > 0`` and the previous value elsewhere.  Memory: one full-size sum per
+    carried tensor, plus one coverage tensor at a time in :meth:`result`.
 
     The scatter is a slice ``add_`` per block of consecutive indices (:func:`contiguous_runs`;
     one block per tensor for HeteroFL, a few for FedRolex's wrapped windows), so adding a reply
-    costs about one dense ``add_`` over its bytes; index sets with more than
+    costs one dense ``add_`` over its bytes; index sets with more than
     :data:`MAX_SLICE_BLOCKS` blocks per tensor use one vectorized ``index_put_`` instead.
 
     Parameters
@@ -303,18 +306,14 @@ class CoverageMean:
             if not t.is_floating_point():
                 raise ValueError(f"{name}: coverage averaging needs floating-point tensors, got {t.dtype}")
         self.sums: Params = {}
-        self.weights: Params = {}
+        # pattern key -> (index sets, runs per group, tensor names carried, total weight)
+        self._patterns: dict[
+            tuple[object, ...], tuple[IndexSets, dict[str, list[tuple[int, int, int]]], frozenset[str], float]
+        ] = {}
         self.count = 0
 
-    def _accumulators(self, name: str) -> tuple[Tensor, Tensor]:
-        if name not in self.sums:
-            dtype, device = self._like[name]
-            self.sums[name] = torch.zeros(self.shapes[name], dtype=dtype, device=device)
-            self.weights[name] = torch.zeros(self.shapes[name], dtype=dtype, device=device)
-        return self.sums[name], self.weights[name]
-
     def add(self, sub_params: Mapping[str, Tensor], index_sets: IndexSets, weight: float) -> None:
-        """Fold one reply into the sums: ``S[I] += w x``, ``W[I] += w``.
+        """Fold one reply into the sums: ``S[I] += w x``; its weight joins its pattern's total.
 
         Parameters
         ----------
@@ -338,8 +337,8 @@ class CoverageMean:
         unknown = sorted(set(sub_params) - set(self.shapes))
         if unknown:
             raise ValueError(f"reply carries tensors not in the model: {unknown}")
-        used = {g for name in sub_params for g in self.rules.axes[name] if g is not None}
-        for g in sorted(used):
+        used = sorted({g for name in sub_params for g in self.rules.axes[name] if g is not None})
+        for g in used:
             if g not in index_sets:
                 raise ValueError(f"no index set for group {g!r}")
             _check_index_set(g, index_sets[g], self.sizes[g])
@@ -352,37 +351,35 @@ class CoverageMean:
                 raise ValueError(f"{name}: shape {tuple(x.shape)}, expected {expected}")
         runs = {g: contiguous_runs(index_sets[g]) for g in used}
         for name, x in sub_params.items():
-            s, w = self._accumulators(name)
-            self._scatter(s, w, x.to(device=s.device, dtype=s.dtype), self.rules.axes[name], runs, index_sets, weight)
+            s = self._sum(name)
+            _scatter_add(s, x.to(device=s.device, dtype=s.dtype), self.rules.axes[name], runs, index_sets, weight)
+        names = frozenset(sub_params)
+        key = (names, *((g, tuple(r)) for g, r in runs.items()))
+        _, _, _, total = self._patterns.get(key, (index_sets, runs, names, 0.0))
+        self._patterns[key] = ({g: index_sets[g] for g in used}, runs, names, total + weight)
         self.count += 1
 
-    @staticmethod
-    def _scatter(
-        s: Tensor,
-        w: Tensor,
-        x: Tensor,
-        groups: Groups,
-        runs: Mapping[str, list[tuple[int, int, int]]],
-        index_sets: IndexSets,
-        weight: float,
-    ) -> None:
-        """``s[I] += weight * x``, ``w[I] += weight`` over the product ``I`` of the axes' index sets."""
-        axis_runs = [[(0, 0, d)] if g is None else runs[g] for g, d in zip(groups, s.shape, strict=True)]
-        if math.prod(len(r) for r in axis_runs) <= MAX_SLICE_BLOCKS:
-            for block in itertools.product(*axis_runs):
-                full = tuple(slice(f, f + n) for f, _, n in block)
-                sub = tuple(slice(j, j + n) for _, j, n in block)
-                s[full].add_(x[sub], alpha=weight)
-                w[full].add_(weight)
-            return
-        index = []
-        for axis, (g, d) in enumerate(zip(groups, s.shape, strict=True)):
-            idx = torch.arange(d) if g is None else index_sets[g].to(torch.int64)
-            view = [1] * s.dim()
-            view[axis] = -1
-            index.append(idx.to(s.device).view(view))
-        s.index_put_(tuple(index), x * weight, accumulate=True)
-        w.index_put_(tuple(index), torch.tensor(weight, dtype=w.dtype, device=w.device), accumulate=True)
+    def _sum(self, name: str) -> Tensor:
+        if name not in self.sums:
+            dtype, device = self._like[name]
+            self.sums[name] = torch.zeros(self.shapes[name], dtype=dtype, device=device)
+        return self.sums[name]
+
+    def coverage(self, name: str) -> Tensor:
+        """``W`` of tensor ``name``: ``sum`` over patterns of their total weight on the elements they cover."""
+        dtype, device = self._like[name]
+        w = torch.zeros(self.shapes[name], dtype=dtype, device=device)
+        ones = torch.ones((), dtype=dtype, device=device)
+        for index_sets, runs, names, total in self._patterns.values():
+            if name in names:
+                _scatter_add(
+                    w, ones.expand(self._sub_shape(name, index_sets)), self.rules.axes[name], runs, index_sets, total
+                )
+        return w
+
+    def _sub_shape(self, name: str, index_sets: IndexSets) -> tuple[int, ...]:
+        groups = self.rules.axes[name]
+        return tuple(d if g is None else len(index_sets[g]) for g, d in zip(groups, self.shapes[name], strict=True))
 
     def result(self, previous_full: Mapping[str, Tensor]) -> Params:
         """``S / W`` where ``W > 0``, the previous value elsewhere.
@@ -399,12 +396,37 @@ class CoverageMean:
             if name not in self.sums:
                 out[name] = prev
                 continue
-            s, w = self.sums[name], self.weights[name]
+            s, w = self.sums[name], self.coverage(name)
             uncovered = w == 0
             s.div_(w.masked_fill_(uncovered, 1.0))  # in place: S / W on covered elements
             out[name] = torch.where(uncovered, prev.to(device=s.device, dtype=s.dtype), s).to(prev.dtype)
-        self.sums, self.weights = {}, {}
+        self.sums, self._patterns = {}, {}
         return out
+
+
+def _scatter_add(
+    s: Tensor,
+    x: Tensor,
+    groups: Groups,
+    runs: Mapping[str, list[tuple[int, int, int]]],
+    index_sets: IndexSets,
+    weight: float,
+) -> None:
+    """``s[I] += weight * x`` over the product ``I`` of the axes' index sets (slices per block)."""
+    axis_runs = [[(0, 0, d)] if g is None else runs[g] for g, d in zip(groups, s.shape, strict=True)]
+    if math.prod(len(r) for r in axis_runs) <= MAX_SLICE_BLOCKS:
+        for block in itertools.product(*axis_runs):
+            full = tuple(slice(f, f + n) for f, _, n in block)
+            sub = tuple(slice(j, j + n) for _, j, n in block)
+            s[full].add_(x[sub], alpha=weight)
+        return
+    index = []
+    for axis, (g, d) in enumerate(zip(groups, s.shape, strict=True)):
+        idx = torch.arange(d) if g is None else index_sets[g].to(torch.int64)
+        view = [1] * s.dim()
+        view[axis] = -1
+        index.append(idx.to(s.device).view(view))
+    s.index_put_(tuple(index), (x * weight).expand(s[tuple(index)].shape), accumulate=True)
 
 
 def coverage_aggregate(full: Mapping[str, Tensor], rules: WidthRules, replies: Iterable[Reply]) -> Params:

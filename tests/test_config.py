@@ -12,6 +12,7 @@ from deploy.launch import config_file_overrides, merge_overrides
 from models.catalog import choose_variant
 from server.app import build_strategy
 from server.config import ConfigError, RunConfig
+from strategies.codistill import CoDistillation
 from strategies.flexifed import FlexiFed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,10 +105,12 @@ def test_launcher_overrides_later_values_win() -> None:
     assert merge_overrides("a='x y' b=2", "b=3 c=true") == "a='x y' b=3 c=true"
 
 
-def test_flexifed_methods_need_an_architecture_family() -> None:
+def test_flexifed_methods_need_architectures_or_depth_tiers() -> None:
     base = {**pyproject_config(), "num-labels": 10}
-    with pytest.raises(ConfigError, match=r"'method'.*'vgg' or 'resnet'"):
-        RunConfig.from_flower({**base, "method": "flexifed-max"})
+    with pytest.raises(ConfigError, match=r"'method'.*'vgg', 'resnet'"):
+        RunConfig.from_flower({**base, "model": "conv", "method": "flexifed-max"})
+    text = build_strategy(RunConfig.from_flower({**base, "model": "tiny", "method": "flexifed-max"}))
+    assert isinstance(text, FlexiFed) and text.catalog.names() == ["weak", "medium", "strong"]
     with pytest.raises(ConfigError, match=r"'tiers'.*resnet20"):
         RunConfig.from_flower({**base, "model": "vgg", "method": "flexifed-max", "tiers": "vgg11:resnet20"})
     with pytest.raises(ConfigError, match=r"'method'.*'heterofl'"):
@@ -125,3 +128,25 @@ def test_flexifed_methods_need_an_architecture_family() -> None:
     assert cfg.catalog.names() == ["resnet20", "resnet56"]  # smallest estimate first, whatever the tier order
     strategy = build_strategy(cfg)
     assert isinstance(strategy, FlexiFed) and strategy.mode == "clustered-fl"
+
+
+def test_codist_methods_and_model_go_together() -> None:
+    base = {**pyproject_config(), "num-labels": 10, "dataset": "embedded:fashion_mnist"}
+    with pytest.raises(ConfigError, match=r"'method'.*co-distillation"):
+        RunConfig.from_flower({**base, "method": "codist-merged"})
+    with pytest.raises(ConfigError, match=r"'tiers'.*pools"):
+        RunConfig.from_flower({**base, "model": "codist-cnn", "method": "codist-merged", "tiers": "weak:medium:strong"})
+    cfg = RunConfig.from_flower(
+        {
+            **base,
+            "model": "codist-cnn",
+            "method": "codist-periodic",
+            "tiers": "small:large",
+            "tier-proportions": "1:1",
+            "tier-memory-mb": "auto",
+            "distill-size": 64,
+        }
+    )
+    assert [v.layout.num_params() for v in cfg.catalog] == [124_074, 492_874]  # 1x28x28 input, 10 classes
+    strategy = build_strategy(cfg)
+    assert isinstance(strategy, CoDistillation) and strategy.mode == "periodic"

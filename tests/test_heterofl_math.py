@@ -288,7 +288,7 @@ def test_coverage_mean_streams_with_explicit_index_sets() -> None:
     acc.add(half_reply(), {"fc1.out": idx(2, 3)}, 1.0)
     acc.add({"fc1.bias": t(7, 7)}, {"fc1.out": idx(3, 1)}, 1.0)  # partial reply: only fc1.bias
     assert acc.count == 2
-    assert torch.equal(acc.weights["fc1.bias"], t(0, 1, 1, 2))
+    assert torch.equal(acc.coverage("fc1.bias"), t(0, 1, 1, 2))
     out = acc.result(mlp())
     assert torch.equal(out["fc1.bias"], t(100, 7, 10, 13.5))
     assert torch.equal(out["fc1.weight"], t([0, 1, 2], [3, 4, 5], [5, 5, 5], [5, 5, 5]))
@@ -312,7 +312,7 @@ def test_bad_replies_are_rejected_before_anything_is_added() -> None:
     with pytest.raises(ValueError, match=r"fc2.weight: shape \(2, 3\), expected \(2, 2\)"):
         acc.add(bad_shape, good, 1.0)
     assert acc.count == 0
-    assert all(torch.equal(w, torch.zeros_like(w)) for w in acc.weights.values())
+    assert all(torch.equal(acc.coverage(n), torch.zeros_like(acc.coverage(n))) for n in acc.shapes)
     assert all(torch.equal(s, torch.zeros_like(s)) for s in acc.sums.values())
 
 

@@ -103,7 +103,7 @@ CNN_TINY = (
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("method", "expected_clients"),
-    [("heterofl", {"weak": 2, "medium": 2, "strong": 2}), ("all-small", {"weak": 6})],
+    [("heterofl", {"weak": 2, "medium": 2, "strong": 2})],  # all-small: tests/test_heterofl_strategy.py
 )
 def test_cnn_width_tiers_on_fashion_mnist(tmp_path: Path, method: str, expected_clients: dict[str, int]) -> None:
     folder = simulate(tmp_path, f"cnn-{method}", f"{CNN_TINY} method='{method}' num-server-rounds=2")
@@ -157,3 +157,21 @@ def test_flexifed_max_common_with_four_vgg_architectures(tmp_path: Path) -> None
             assert layout.nbytes() + 64 * len(layout) <= per_client_up <= layout.nbytes() + 256 * len(layout)
             assert vals["layers"] == layout.params[-1].layer
             assert 0.0 <= vals["fed-accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_codistillation_pools_with_nested_membership(tmp_path: Path) -> None:
+    """MergedCodist, 2 pools: every node trains the small CNN, high-capacity nodes also the large one."""
+    run = (
+        "model='codist-cnn' method='codist-merged' tiers='small:large' tier-proportions='2:1' "
+        "tier-memory-mb='auto' codist-membership='also' dataset='embedded:fashion_mnist' num-labels=10 "
+        "optimizer='sgd' lr=0.05 batch-size=32 distill-steps=4 distill-size=256 num-server-rounds=2"
+    )
+    folder = simulate(tmp_path, "codist", run)
+    for row in read_rounds(folder)[1:]:
+        assert row["rejected"] == [] and row["failed"] == []
+        small, large = row["tiers"]["small"], row["tiers"]["large"]
+        assert small["clients"] == 6 and large["clients"] == 2  # 2:1 over 6 nodes; the large ones train both
+        assert small["distill-seconds"] > 0 and large["distill-seconds"] > 0  # server-side distillation ran
+        assert 0.0 <= small["fed-accuracy"] <= 1.0 and 0.0 <= large["fed-accuracy"] <= 1.0
