@@ -136,7 +136,16 @@ VGG_TINY = (
 def test_flexifed_max_common_with_four_vgg_architectures(tmp_path: Path) -> None:
     folder = simulate(tmp_path, "flexifed", f"{VGG_TINY} method='flexifed-max' num-server-rounds=2")
     cfg = RunConfig.model_validate(
-        {"model": "vgg", "arch-width": 0.0625, "tiers": "vgg11:vgg13:vgg16:vgg19", "num-labels": 10, "batch-size": 32}
+        {
+            "model": "vgg",
+            "method": "flexifed-max",
+            "arch-width": 0.0625,
+            "tiers": "vgg11:vgg13:vgg16:vgg19",
+            "tier-proportions": "1:1:1:1",
+            "tier-memory-mb": "auto",
+            "num-labels": 10,
+            "batch-size": 32,
+        }
     )
     for row in read_rounds(folder)[1:]:
         assert row["rejected"] == [] and row["failed"] == []
