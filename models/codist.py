@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
+from models.family import seeded_states
 from models.images import MEAN, STD, ImageDataError, image_loader, image_tensors
 
 FAMILY = "codist-cnn"
@@ -309,11 +310,7 @@ class CodistFamily:
 
     def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
         """Every pool's model initialised independently with ``seed``."""
-        out = {}
-        for v in catalog:
-            torch.manual_seed(seed)
-            out[v.name] = {k: t.detach().clone() for k, t in self.build(v).state_dict().items()}
-        return out
+        return seeded_states(self.build, catalog, seed=seed)
 
     def width_rules(self, catalog: VariantCatalog) -> dict[str, tuple[str | None, ...]]:
         """Pools share no tensors: there are no width groups."""

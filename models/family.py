@@ -17,7 +17,7 @@ and what to do to a trained model before evaluation.  Two families:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -225,11 +225,7 @@ class ArchitectureFamily:
 
     def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
         """Every architecture initialised with ``seed`` (independently; common layers meet after round 1)."""
-        out = {}
-        for v in catalog:
-            torch.manual_seed(seed)
-            out[v.name] = {k: t.detach().clone() for k, t in self.build(v).state_dict().items()}
-        return out
+        return seeded_states(self.build, catalog, seed=seed)
 
     def width_rules(self, catalog: VariantCatalog) -> AxisGroups:
         """Architectures are not cut by width."""
@@ -242,6 +238,17 @@ class ArchitectureFamily:
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """SBN copy (static batch norm, as :class:`CNNFamily`)."""
         return static_bn_evaluation(model, stats, self.stats_batches)
+
+
+def seeded_states(
+    build: Callable[[Variant], nn.Module], catalog: VariantCatalog, *, seed: int
+) -> dict[str, dict[str, Tensor]]:
+    """Each variant's freshly built model with the torch seed reset to ``seed`` before it (no weights shared)."""
+    out = {}
+    for v in catalog:
+        torch.manual_seed(seed)
+        out[v.name] = {k: t.detach().clone() for k, t in build(v).state_dict().items()}
+    return out
 
 
 def parse_widths(value: str) -> tuple[int, ...]:

@@ -16,16 +16,14 @@ from strategies.base import HeterogeneousStrategy, Sent
 from strategies.streaming import StreamingMean
 
 
-class LocalTraining(HeterogeneousStrategy):
-    """Local baseline: every node trains its own tier model; nothing is shared.
+class PerNodeModels(HeterogeneousStrategy):
+    """Base for strategies that keep one model per node (Local, FlexiFed's personal layers).
 
-    The server only relays: node ``i``'s model after round ``t`` is exactly the
-    weights it returned (``w_{t+1}^i = w_t^i + g^i``, no averaging, no server
-    optimizer), starting from its variant's initial weights.  Memory grows with the
-    number of nodes by nature of the method.
+    ``node_states[i]`` is node ``i``'s own model (its last reply merged over what it was sent)
+    and ``node_variant[i]`` its variant.  A node receives its own model while it keeps the
+    same variant, else the variant's shared model.  The per-node models are method state in
+    checkpoints, follow a node to a new id after a restart, and are evaluated one by one.
     """
-
-    supports_median = False  # nothing is aggregated
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -33,22 +31,15 @@ class LocalTraining(HeterogeneousStrategy):
         self.node_variant: dict[int, str] = {}
 
     def variant_payload(self, node_id: int, variant: str) -> dict[str, Tensor]:
-        """The node's own model (its variant's initial weights before it first trains)."""
+        """The node's own model (its variant's shared weights before it first trains)."""
         own = self.node_states.get(node_id)
         return own if own is not None and self.node_variant[node_id] == variant else self.state[variant]
 
-    def fold_reply(
-        self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
-    ) -> None:
-        """Store the node's returned weights as its model."""
+    def keep_node_model(self, sent: Sent, tensors: Mapping[str, Tensor]) -> None:
+        """Store the node's returned weights (over what it was sent) as its own model."""
         base = self.variant_payload(sent.node_id, sent.variant)
         self.node_states[sent.node_id] = {**base, **tensors}
         self.node_variant[sent.node_id] = sent.variant
-
-    def apply_round(
-        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
-    ) -> None:
-        """Nothing is aggregated."""
 
     def method_state(self) -> dict[str, Any]:
         """Every node's own model and its variant, keyed by node id."""
@@ -72,10 +63,33 @@ class LocalTraining(HeterogeneousStrategy):
             self.node_variant[new_id] = self.node_variant.pop(old_id)
 
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
-        """Every node's own model, grouped by variant."""
+        """Every node's own model, grouped by variant (a variant no node has yet: its shared model)."""
         out: dict[str, list[Mapping[str, Tensor]]] = {}
         for node, params in self.node_states.items():
             out.setdefault(self.node_variant[node], []).append(params)
         for v, params in self.state.items():
             out.setdefault(v, [params])
         return out
+
+
+class LocalTraining(PerNodeModels):
+    """Local baseline: every node trains its own tier model; nothing is shared.
+
+    The server only relays: node ``i``'s model after round ``t`` is exactly the
+    weights it returned (``w_{t+1}^i = w_t^i + g^i``, no averaging, no server
+    optimizer), starting from its variant's initial weights.  Memory grows with the
+    number of nodes by nature of the method.
+    """
+
+    supports_median = False  # nothing is aggregated
+
+    def fold_reply(
+        self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
+    ) -> None:
+        """Store the node's returned weights as its model."""
+        self.keep_node_model(sent, tensors)
+
+    def apply_round(
+        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
+    ) -> None:
+        """Nothing is aggregated."""

@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import Any, Literal, TypeVar, get_args
+from typing import Literal, TypeVar, get_args
 
 import torch
 from flwr.common import log
@@ -67,6 +67,7 @@ from torch import Tensor
 from models.architectures import ArchLayer, LayerSignature
 from models.catalog import VariantCatalog
 from strategies.base import HeterogeneousStrategy, Sent
+from strategies.baselines import PerNodeModels
 from strategies.streaming import StreamingMean
 
 Mode = Literal["basic", "clustered", "max", "clustered-fl", "standalone"]
@@ -463,7 +464,7 @@ def check_layers(catalog: VariantCatalog, layers: Mapping[str, Sequence[ArchLaye
             raise FlexiFedError(f"{v.name}: layers must cover every trainable tensor exactly once")
 
 
-class FlexiFed(HeterogeneousStrategy):
+class FlexiFed(PerNodeModels):
     """FlexiFed on Flower: one model per architecture, common-layer aggregation.
 
     A node of variant ``a`` (an architecture) receives and returns only architecture ``a``'s
@@ -514,8 +515,6 @@ class FlexiFed(HeterogeneousStrategy):
         self.share_classifier = share_classifier
         self.layers: dict[str, tuple[ArchLayer, ...]] = {v.name: tuple(signatures[v.name]) for v in catalog}
         self.signatures = {a: [layer.signature for layer in ls] for a, ls in self.layers.items()}
-        self.node_states: dict[int, Params] = {}
-        self.node_variant: dict[int, str] = {}
         self._acc = FlexiFedAccumulator(uniform=uniform)
 
     @property
@@ -523,19 +522,12 @@ class FlexiFed(HeterogeneousStrategy):
         """Whether personal layers stay per client (``basic``, ``standalone``)."""
         return self.mode in LOCAL_MODES
 
-    def variant_payload(self, node_id: int, variant: str) -> dict[str, Tensor]:
-        """The node's own model where one is kept, else its architecture's model."""
-        own = self.node_states.get(node_id)
-        return own if own is not None and self.node_variant[node_id] == variant else self.state[variant]
-
     def fold_reply(
         self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
     ) -> None:
         """Fold the reply into its architecture's sums (and keep it as the node's model)."""
         if self.keeps_client_models:
-            base = self.variant_payload(sent.node_id, sent.variant)
-            self.node_states[sent.node_id] = {**base, **tensors}
-            self.node_variant[sent.node_id] = sent.variant
+            self.keep_node_model(sent, tensors)
         self._acc.add(sent.node_id, sent.variant, tensors, num_examples)
 
     def apply_round(
@@ -566,34 +558,8 @@ class FlexiFed(HeterogeneousStrategy):
             {a: shared_layer_count(plan, a) for a in sorted(acc.participating)},
         )
 
-    def method_state(self) -> dict[str, Any]:
-        """Every node's own model and its variant, keyed by node id."""
-        return {
-            "node-states": {n: dict(p) for n, p in self.node_states.items()},
-            "node-variant": dict(self.node_variant),
-        }
-
-    def load_method_state(self, data: Mapping[str, Any]) -> None:
-        """Restore :meth:`method_state` (variants must be in the catalog)."""
-        states, variants = data.get("node-states", {}), data.get("node-variant", {})
-        if set(states) != set(variants) or not set(variants.values()) <= set(self.catalog.names()):
-            raise ValueError("checkpoint's per-node models do not match the catalog")
-        self.node_states = {int(n): dict(p) for n, p in states.items()}
-        self.node_variant = {int(n): str(v) for n, v in variants.items()}
-
-    def rebind_node(self, old_id: int, new_id: int) -> None:
-        """The node's own model follows it to its new id."""
-        if old_id in self.node_states:
-            self.node_states[new_id] = self.node_states.pop(old_id)
-            self.node_variant[new_id] = self.node_variant.pop(old_id)
-
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
         """Per architecture its model, or every kept client model (``basic`` / ``standalone``)."""
         if not self.keeps_client_models:
-            return super().models_for_evaluation()
-        out: dict[str, list[Mapping[str, Tensor]]] = {}
-        for node, params in self.node_states.items():
-            out.setdefault(self.node_variant[node], []).append(params)
-        for arch, params in self.state.items():
-            out.setdefault(arch, [params])
-        return out
+            return HeterogeneousStrategy.models_for_evaluation(self)
+        return super().models_for_evaluation()
