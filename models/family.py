@@ -153,22 +153,24 @@ class CNNFamily:
     stats_batches: int = 20
     data_kind: str = "image"
 
+    def at_rate(self, rate: float) -> nn.Module:
+        """The model at width rate ``rate`` (random initialization)."""
+        return build_cnn(self.name, rate, in_channels=self.in_channels, num_classes=self.num_classes, base=self.base)
+
     def build(self, variant: Variant) -> nn.Module:
         """The model at the variant's ``extra["rate"]`` (1.0 when absent)."""
-        rate = float(variant.extra.get("rate", 1.0))
-        return build_cnn(self.name, rate, in_channels=self.in_channels, num_classes=self.num_classes, base=self.base)
+        return self.at_rate(float(variant.extra.get("rate", 1.0)))
 
     def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
         """One seeded full model (rate 1) under the name of every rate-1 variant."""
         torch.manual_seed(seed)
-        model = build_cnn(self.name, 1.0, in_channels=self.in_channels, num_classes=self.num_classes, base=self.base)
-        full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        full = {k: v.detach().clone() for k, v in self.at_rate(1.0).state_dict().items()}
         return {v.name: dict(full) for v in catalog if float(v.extra.get("rate", 1.0)) == 1.0}
 
     def width_rules(self, catalog: VariantCatalog) -> AxisGroups:
         """:func:`models.cnn.width_rules` of the full model (built on the meta device)."""
         with torch.device("meta"):
-            full = build_cnn(self.name, 1.0, in_channels=self.in_channels, num_classes=self.num_classes, base=self.base)
+            full = self.at_rate(1.0)
         return width_rules(self.name, full)
 
     def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:

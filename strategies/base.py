@@ -440,19 +440,24 @@ class HeterogeneousStrategy(Strategy):
         return [s.message for s in self._sent_train.values()]
 
     def _messages(self, nodes: Iterable[int], server_round: int, config: ConfigRecord, kind: str) -> dict[str, Sent]:
-        """Build one ``kind`` message per node with its variant's weights; count bytes sent."""
+        """Build a ``kind`` message per node and variant of :meth:`message_variants`; count bytes sent."""
         report = self.report(server_round)
         self.current_round = server_round
         out: dict[str, Sent] = {}
         for node in nodes:
-            variant = self.profiles[node].variant
-            assert variant is not None
-            payload = to_record(self.variant_payload(node, variant))
-            cfg = ConfigRecord({**dict(config), "server-round": server_round, "variant": variant})
-            msg = Message(RecordDict({"arrays": payload, "config": cfg}), dst_node_id=node, message_type=kind)
-            out[str(id(msg))] = Sent(msg, node, variant, record_nbytes(payload))
-            report.add(variant, "bytes-down", out[str(id(msg))].nbytes)
+            for variant in self.message_variants(node, kind):
+                payload = to_record(self.variant_payload(node, variant))
+                cfg = ConfigRecord({**dict(config), "server-round": server_round, "variant": variant})
+                msg = Message(RecordDict({"arrays": payload, "config": cfg}), dst_node_id=node, message_type=kind)
+                out[str(id(msg))] = Sent(msg, node, variant, record_nbytes(payload))
+                report.add(variant, "bytes-down", out[str(id(msg))].nbytes)
         return out
+
+    def message_variants(self, node_id: int, kind: str) -> list[str]:
+        """Variants a node gets a ``kind`` message for this round: the one it chose (override for more)."""
+        variant = self.profiles[node_id].variant
+        assert variant is not None
+        return [variant]
 
     @staticmethod
     def _variant_counts(sent: Mapping[str, Sent]) -> str:

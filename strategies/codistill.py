@@ -58,12 +58,12 @@ from typing import Any, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ConfigRecord, MessageType
+from flwr.app import MessageType
 from flwr.common import log
 from torch import Tensor, nn
 
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent
+from strategies.base import HeterogeneousStrategy
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 
 Params = dict[str, Tensor]
@@ -466,26 +466,11 @@ class CoDistillation(HeterogeneousStrategy):
             return [chosen]
         return self.pools[: self.pools.index(chosen) + 1]
 
-    def _messages(self, nodes: Iterable[int], server_round: int, config: ConfigRecord, kind: str) -> dict[str, Sent]:
-        """Training messages for every pool of :meth:`node_variants` (``also``); else the base's.
-
-        Stop-gap until the base builds messages from a per-node variant list: the base's
-        one-message-per-node builder is called once per (node, pool) with the node's profile
-        temporarily naming that pool.  Evaluation stays one message per node (its choice).
-        """
-        if self.membership == "instead" or kind != MessageType.TRAIN:
-            return super()._messages(nodes, server_round, config, kind)
-        out: dict[str, Sent] = {}
-        for node in nodes:
-            profile = self.profiles[node]
-            chosen = profile.variant
-            try:
-                for variant in self.node_variants(node):
-                    profile.variant = variant
-                    out.update(super()._messages([node], server_round, config, kind))
-            finally:
-                profile.variant = chosen
-        return out
+    def message_variants(self, node_id: int, kind: str) -> list[str]:
+        """Training: every pool of :meth:`node_variants` (one message each); evaluation: the node's choice."""
+        if kind == MessageType.TRAIN:
+            return self.node_variants(node_id)
+        return super().message_variants(node_id, kind)
 
     # ------------------------------------------------------------------ math
     def server_adam_config(self, pool: str, server_round: int) -> FedAdamConfig:

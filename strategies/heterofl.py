@@ -343,10 +343,7 @@ class CoverageMean:
                 raise ValueError(f"no index set for group {g!r}")
             _check_index_set(g, index_sets[g], self.sizes[g])
         for name, x in sub_params.items():
-            groups = self.rules.axes[name]
-            expected = tuple(
-                d if g is None else len(index_sets[g]) for g, d in zip(groups, self.shapes[name], strict=True)
-            )
+            expected = self._sub_shape(name, index_sets)
             if tuple(x.shape) != expected:
                 raise ValueError(f"{name}: shape {tuple(x.shape)}, expected {expected}")
         runs = {g: contiguous_runs(index_sets[g]) for g in used}
@@ -426,7 +423,7 @@ def _scatter_add(
         view = [1] * s.dim()
         view[axis] = -1
         index.append(idx.to(s.device).view(view))
-    s.index_put_(tuple(index), (x * weight).expand(s[tuple(index)].shape), accumulate=True)
+    s.index_put_(tuple(index), x * weight, accumulate=True)
 
 
 def coverage_aggregate(full: Mapping[str, Tensor], rules: WidthRules, replies: Iterable[Reply]) -> Params:
@@ -531,10 +528,7 @@ class HeteroFL(HeterogeneousStrategy):
         self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
     ) -> None:
         """Scatter the reply into the coverage sums."""
-        if self._coverage is None:
-            self._coverage = CoverageMean(self.state[self.GLOBAL], self.rules)
-        weight = float(num_examples) if self.weighting == "examples" else 1.0
-        self._coverage.add(tensors, self.index_sets(sent.variant), weight)
+        self._scatter(sent.variant, tensors, float(num_examples) if self.weighting == "examples" else 1.0)
 
     def fold_group(
         self,
@@ -545,9 +539,11 @@ class HeteroFL(HeterogeneousStrategy):
         means: dict[str, StreamingMean],
     ) -> None:
         """Scatter one variant's median as the whole group (weight: its examples, or its reply count)."""
+        self._scatter(variant, tensors, float(num_examples) if self.weighting == "examples" else float(replies))
+
+    def _scatter(self, variant: str, tensors: Mapping[str, Tensor], weight: float) -> None:
         if self._coverage is None:
             self._coverage = CoverageMean(self.state[self.GLOBAL], self.rules)
-        weight = float(num_examples) if self.weighting == "examples" else float(replies)
         self._coverage.add(tensors, self.index_sets(variant), weight)
 
     def method_state(self) -> dict[str, Any]:
