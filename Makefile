@@ -8,7 +8,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup data demo test lint typecheck unit loopback clean
+.PHONY: setup data demo test test-deploy certs lint typecheck unit loopback clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,10 +49,22 @@ typecheck: $(STAMP)
 	$(BIN)/mypy .
 
 unit: setup
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow and not deploy"
 
 test: setup lint typecheck
 	$(BIN)/pytest
+
+# real-deployment suite (namespaces, TLS, SuperNode kill, cgroup memory, ServerApp kill + resume); root for namespaces
+test-deploy: setup
+	$(BIN)/pytest -m deploy
+
+# TLS for a real deployment (docs/DEPLOYING.md): CA + SuperLink certificate for HOSTS, and a key
+# pair per device in NODES for SuperNode authentication
+HOSTS ?= superlink,localhost,127.0.0.1
+NODES ?= weak,medium,strong
+certs: $(STAMP)
+	$(BIN)/python -m deploy.certs superlink --out certs --hosts $(HOSTS)
+	$(BIN)/python -m deploy.certs supernode --out certs/supernodes --names $(NODES)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache

@@ -7,6 +7,7 @@ the reason), then trains exactly the variant the server sends it.
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 from logging import INFO, WARNING
 
@@ -17,12 +18,13 @@ from flwr.common import log
 from torch import nn
 from torch.utils.data import DataLoader
 
+from client.pfedknow import pfedknow_train
 from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile
 from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
 from models.training import evaluate_classifier, train_classifier
-from server.config import RunConfig
+from server.config import PFEDKNOW_METHODS, RunConfig
 
 app = ClientApp()
 
@@ -58,20 +60,24 @@ def _partition_ids(context: Context) -> tuple[int, int]:
 
 @lru_cache(maxsize=8)
 def _local_loaders(
-    spec: DataSpec, family: ModelFamily, pid: int, num: int, batch: int, eval_batch: int
+    spec: DataSpec, family: ModelFamily, pid: int, num: int, batch: int, eval_batch: int, domain: str
 ) -> tuple[DataLoader, DataLoader, int]:
     train, test = load_partition(spec, pid, num)
     return (
-        family.loader(train, batch_size=batch, shuffle=True, seed=spec.seed + pid),
-        family.loader(test, batch_size=eval_batch, shuffle=False),
+        family.loader(train, batch_size=batch, shuffle=True, seed=spec.seed + pid, domain=domain),
+        family.loader(test, batch_size=eval_batch, shuffle=False, domain=domain),
         len(train),
     )
 
 
 def local_loaders(context: Context, cfg: RunConfig) -> tuple[DataLoader, DataLoader, int]:
-    """This node's train loader, test loader and number of training examples."""
+    """This node's train loader, test loader and number of training examples.
+
+    With ``tier-domains`` set, the node's images are seen in its tier's input domain.
+    """
     pid, num = _partition_ids(context)
-    return _local_loaders(cfg.data_spec(), cfg.family(), pid, num, cfg.batch_size, cfg.eval_batch_size)
+    domain = cfg.tier_domain(profile_of(context, cfg).tier) if cfg.tier_domains else "plain"
+    return _local_loaders(cfg.data_spec(), cfg.family(), pid, num, cfg.batch_size, cfg.eval_batch_size, domain)
 
 
 def _model_for(msg: Message, cfg: RunConfig) -> tuple[nn.Module, Variant]:
@@ -159,10 +165,22 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Train the received variant locally; return its trainable weights."""
+    """Train the received variant locally; return its trainable weights.
+
+    ``train-seconds`` (wall time of this handler: rebuild, data, training) lets a round's
+    time be split into training and fixed overhead (process start, imports, polling).
+    """
+    started = time.perf_counter()
     cfg = run_config(context)
     seed = train_seed(cfg.seed, context, int(msg.content["config"]["server-round"]))  # type: ignore[arg-type, index]
     torch.manual_seed(seed)
+    if cfg.method in PFEDKNOW_METHODS:  # unlabeled client: pseudo-labels, pruning, sparse upload
+        light = cfg.catalog.get(str(msg.content["config"]["variant"]))  # type: ignore[index]
+        shapes = {p.name: tuple(p.shape) for p in light.layout}
+        return pfedknow_train(
+            msg, cfg.family().build(light), shapes, cfg.data_spec(), _partition_ids(context),
+            settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed,
+        )  # fmt: skip
     model, variant = _model_for(msg, cfg)
     train_loader, _, n_train = local_loaders(context, cfg)
     if train_loader.generator is not None:  # shuffling order: a function of the round too
@@ -172,7 +190,14 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict(
         {
             "arrays": ArrayRecord(upload),
-            "metrics": MetricRecord({"num-examples": n_train, "train-loss": loss, "layers": variant.depth}),
+            "metrics": MetricRecord(
+                {
+                    "num-examples": n_train,
+                    "train-loss": loss,
+                    "layers": variant.depth,
+                    "train-seconds": time.perf_counter() - started,
+                }
+            ),
             "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
         }
     )

@@ -40,8 +40,47 @@ class DeviceProfile:
     labeled: bool = True
 
 
-def cgroup_memory_limit_mb(files: Sequence[Path] = _CGROUP_FILES) -> float | None:
-    """The container's memory limit in MiB, or ``None`` when unlimited or unknown."""
+def own_cgroup_limit_files(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> list[Path]:
+    """Limit files of this process's own memory cgroup and its ancestors, innermost first.
+
+    In a container the cgroup namespace makes the process's cgroup the mount root, so this
+    is just :data:`_CGROUP_FILES`; a process put into a child cgroup on a host (a SuperNode
+    started under ``deploy.cgroup``) finds its limit here, not at the root.
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    files: list[Path] = []
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if not rel.startswith("/"):
+            continue
+        if hier == "0" and controllers == "":  # cgroup v2
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):  # cgroup v1
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [x for x in rel.split("/") if x]
+        files += [base.joinpath(*parts[:k]) / name for k in range(len(parts), 0, -1)]
+    return files
+
+
+def cgroup_memory_limit_mb(files: Sequence[Path] | None = None) -> float | None:
+    """The memory limit in MiB of this process's cgroup, or ``None`` when unlimited or unknown.
+
+    Without ``files``: the tightest limit among the process's own cgroup, its ancestors
+    (:func:`own_cgroup_limit_files`) and the mount root (a container's own cgroup).
+    """
+    if files is None:
+        limits = [
+            x for f in [*own_cgroup_limit_files(), *_CGROUP_FILES] if (x := cgroup_memory_limit_mb([f])) is not None
+        ]
+        return min(limits) if limits else None
     for f in files:
         try:
             raw = f.read_text().strip()

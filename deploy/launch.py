@@ -4,14 +4,21 @@ Usage::
 
     python -m deploy.launch simulation [--supernodes 6] [--run-config "k=v ..."]
     python -m deploy.launch loopback   [--tiers weak,medium,strong] [--run-config "k=v ..."]
-    python -m deploy.launch print-hosts --superlink HOST [--tiers weak,medium,strong]
+                                       [--tls-dir certs [--auth]]
+    python -m deploy.launch print-hosts --superlink HOST [--tiers weak,medium,strong] [--tls [--auth]]
 
 ``simulation`` runs ``flwr run . --stream`` on the local (auto-started) simulation
 SuperLink and stops that SuperLink afterwards.  ``loopback`` starts one
 ``flower-superlink`` (Fleet API over gRPC, ``grpc-rere``) and one ``flower-supernode``
 per tier on 127.0.0.1, each with ``--node-config "partition-id=i num-partitions=n
 tier='…'"``, submits the run with ``flwr run . <connection>`` and shuts everything
-down.  ``print-hosts`` prints the commands to run the same on separate machines.
+down; with ``--tls-dir`` the SuperLink serves TLS with a CA and certificate made there
+(:mod:`deploy.certs`), and ``--auth`` adds SuperNode authentication (a key pair per
+SuperNode, registered with ``flwr supernode register`` before it connects).
+``print-hosts`` prints the commands to run the same on separate machines.  The building
+blocks (:class:`Cluster`, :func:`superlink_command`, :func:`supernode_command`) also run
+"hosts" in network namespaces (:mod:`deploy.netns`) or under a memory cgroup
+(:mod:`deploy.cgroup`); see ``docs/DEPLOYING.md``.
 
 Runtime dependency installation and telemetry are disabled for every component.
 Both run modes check the run's results folder, because ``flwr run --stream`` exits 0
@@ -31,7 +38,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +57,9 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "PYTHONUNBUFFERED": "1",
+            # the SuperExec that starts every ServerApp / ClientApp process polls for new
+            # tasks every second by default; 0.1 s cuts up to ~1 s per message and hop
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1"),
         }
     )
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -187,25 +197,246 @@ class Ports:
     supernode: int = 9094
 
 
-def write_connection(home: Path, name: str, ports: Ports) -> None:
+@dataclass(frozen=True)
+class Security:
+    """TLS files of a SuperLink (see :mod:`deploy.certs`) and whether SuperNodes must authenticate.
+
+    With ``auth`` every SuperNode needs a private key whose public key was registered with
+    ``flwr supernode register`` (:func:`register_supernode`) before it connects.
+    """
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+    auth: bool = False
+
+    @classmethod
+    def generate(
+        cls, folder: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1"), *, auth: bool = False
+    ) -> Security:
+        """Make a CA and a SuperLink certificate for ``hosts`` in ``folder`` (kept if present)."""
+        from deploy.certs import make_server_cert
+
+        if not (folder / "server.pem").exists():
+            make_server_cert(folder, list(hosts))
+        return cls(folder / "ca.crt", folder / "server.pem", folder / "server.key", auth)
+
+
+def superlink_command(
+    *, fleet_address: str, host: str, port: int, database: Path | None, security: Security | None = None
+) -> list[str]:
+    """``flower-superlink`` over gRPC (``grpc-rere``), runtime installs off, optionally TLS + auth."""
+    cmd = [
+        str(BIN / "flower-superlink"), "--disable-runtime-dependency-installation",
+        "--fleet-api-type", "grpc-rere", "--fleet-api-address", fleet_address, "--host", host, "--port", str(port),
+    ]  # fmt: skip
+    if database is not None:
+        cmd += ["--database", str(database)]
+    if security is None:
+        return [*cmd, "--insecure"]
+    cmd += [
+        "--ssl-ca-certfile", str(security.ca_cert),
+        "--ssl-certfile", str(security.server_cert),
+        "--ssl-keyfile", str(security.server_key),
+    ]  # fmt: skip
+    return [*cmd, "--enable-supernode-auth"] if security.auth else cmd
+
+
+def supernode_command(
+    *,
+    superlink: str,
+    node_config: str,
+    port: int,
+    root_certificates: Path | None = None,
+    auth_key: Path | None = None,
+    host: str = "127.0.0.1",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``flower-supernode`` dialing ``superlink`` (``HOST:PORT`` of the Fleet API)."""
+    cmd = [str(BIN / "flower-supernode"), "--grpc-rere", "--superlink", superlink]
+    cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
+    if auth_key is not None:
+        cmd += ["--auth-supernode-private-key", str(auth_key)]
+    return [*cmd, "--node-config", node_config, "--host", host, "--port", str(port), *extra]
+
+
+def write_connection(
+    home: Path, name: str, ports: Ports, *, root_certificates: Path | None = None, host: str = "127.0.0.1"
+) -> None:
     """Write a ``[superlink.<name>]`` connection to ``$FLWR_HOME/config.toml``."""
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "config.toml"
     text = cfg.read_text() if cfg.exists() else ""
-    text += f'\n[superlink.{name}]\naddress = "127.0.0.1:{ports.control}"\ninsecure = true\n'
+    text += f'\n[superlink.{name}]\naddress = "{host}:{ports.control}"\n'
+    text += f'root-certificates = "{root_certificates}"\n' if root_certificates else "insecure = true\n"
     cfg.write_text(text)
 
 
-def _wait_port(port: int, timeout: float = 60.0) -> None:
+def _wait_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> None:
     import socket
 
     deadline = time.time() + timeout
     while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+        if prefix:  # inside another network namespace: probe from there
+            probe = f"import socket,sys; sys.exit(socket.socket().connect_ex(({host!r}, {port})))"
+            if subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True, check=False).returncode == 0:
                 return
+        else:
+            with socket.socket() as s:
+                if s.connect_ex((host, port)) == 0:
+                    return
         time.sleep(0.3)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
+
+
+class Cluster:
+    """Flower processes of one deployment, each in its own session with a log file; all stopped on exit.
+
+    ``start`` takes an optional command ``prefix`` (``ip netns exec NS`` to run on another
+    "host") and ``preexec`` (:meth:`deploy.cgroup.MemoryCgroup.enter` for a memory limit).
+    """
+
+    def __init__(self, home: Path, log_dir: Path) -> None:
+        self.home = home
+        self.env = flower_env(home)
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands: dict[str, tuple[list[str], Sequence[str], Callable[[], None] | None]] = {}
+
+    def start(
+        self,
+        name: str,
+        cmd: list[str],
+        *,
+        prefix: Sequence[str] = (),
+        preexec: Callable[[], None] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` as ``name`` (its log is ``log_dir/name.log``, appended to on restart)."""
+        out = (self.log_dir / f"{name}.log").open("ab")
+        self.commands[name] = (cmd, prefix, preexec)
+        self.procs[name] = subprocess.Popen(
+            [*prefix, *cmd], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=preexec,
+        )  # fmt: skip
+        out.close()
+        return self.procs[name]
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """Start ``name`` again with the command it was started with."""
+        cmd, prefix, preexec = self.commands[name]
+        return self.start(name, cmd, prefix=prefix, preexec=preexec)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to ``name`` and every process it started, and reap it."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+
+    def log(self, name: str) -> str:
+        """Everything ``name`` printed so far."""
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_log(self, name: str, pattern: str, timeout: float, *, after: int = 0) -> re.Match[str]:
+        """Wait until ``name``'s log (from character ``after``) matches ``pattern``."""
+        deadline = time.time() + timeout
+        while True:
+            if m := re.search(pattern, self.log(name)[after:]):
+                return m
+            if time.time() > deadline:
+                raise TimeoutError(f"{name}: no {pattern!r} after {timeout:.0f}s; log tail:\n{self.log(name)[-2000:]}")
+            time.sleep(0.2)
+
+    def logs(self, tail: int = 2000) -> str:
+        """The tail of every log, for assertion messages."""
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}" for p in sorted(self.log_dir.glob("*.log"))
+        )
+
+    def flwr(self, *args: str, prefix: Sequence[str] = (), timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run the ``flwr`` CLI with this cluster's ``FLWR_HOME``."""
+        return subprocess.run(
+            [*prefix, str(BIN / "flwr"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """SIGTERM every process group, SIGKILL what is left after 15 s."""
+        for p in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.time() + 15
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for p in self.procs.values():  # children that outlived their leader (ClientApp processes)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def register_supernode(cluster: Cluster, public_key: Path, connection: str, prefix: Sequence[str] = ()) -> int:
+    """``flwr supernode register KEY.pub CONNECTION``; returns the node id the SuperLink assigned."""
+    proc = cluster.flwr("supernode", "register", str(public_key), connection, "--format", "json", prefix=prefix)
+    out = proc.stdout + proc.stderr
+    m = re.search(r'"node-id"\s*:\s*"?(\d+)', out) or re.search(r"(?i)node[ -_]?id\D{0,5}(\d+)", out)
+    if proc.returncode != 0 or m is None:
+        raise RuntimeError(f"registering {public_key} failed (exit {proc.returncode}): {out[-1500:]}")
+    return int(m.group(1))
+
+
+def submit_run(
+    cluster: Cluster,
+    connection: str,
+    *,
+    run_config: str,
+    results_dir: Path,
+    run_name: str,
+    prefix: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """``flwr run . CONNECTION --stream`` in the background; its output is ``cluster.log("run")``."""
+    return cluster.start(
+        "run",
+        [str(BIN / "flwr"), "run", str(ROOT), connection, "--stream",
+         "--run-config", _run_config_arg(run_config, results_dir, run_name)],
+        prefix=prefix,
+    )  # fmt: skip
+
+
+def wait_rounds(folder: Path, rounds: int, timeout: float, alive: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until ``folder/rounds.jsonl`` holds rows up to round ``rounds`` (or ``alive`` exits).
+
+    Pass the SuperLink as ``alive``, not the ``flwr run --stream`` CLI: the run lives on the
+    SuperLink, and the CLI's log stream can drop (and the CLI exit) while the run goes on.
+    """
+    deadline = time.time() + timeout
+    path = folder / "rounds.jsonl"
+    while time.time() < deadline:
+        if path.exists():
+            done = [line for line in path.read_text().splitlines() if line.strip()]
+            if len(done) > rounds:  # row 0 is the initial evaluation
+                return
+        if alive is not None and alive.poll() is not None:
+            raise RuntimeError(f"the run ended (exit {alive.returncode}) before round {rounds}")
+        time.sleep(0.5)
+    raise TimeoutError(f"round {rounds} not written to {path} after {timeout:.0f}s")
+
+
+def node_config_for(i: int, tiers: Sequence[str], extra: str = "") -> str:
+    """``--node-config`` of loopback SuperNode ``i``: its partition and tier."""
+    return f'partition-id={i} num-partitions={len(tiers)} tier="{tiers[i]}" {extra}'.strip()
 
 
 @contextmanager
@@ -216,44 +447,35 @@ def loopback_cluster(
     ports: Ports,
     log_dir: Path,
     node_config_extra: str = "",
+    security: Security | None = None,
+    connection: str = "loopback",
 ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
-    """A SuperLink and one SuperNode per tier on 127.0.0.1; all stopped on exit."""
-    env = flower_env(home)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    """A SuperLink and one SuperNode per tier on 127.0.0.1; all stopped on exit.
 
-    def start(name: str, cmd: list[str]) -> None:
-        out = (log_dir / f"{name}.log").open("wb")
-        procs[name] = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    try:
-        start("superlink", [
-            str(BIN / "flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
-            "--fleet-api-type", "grpc-rere", "--fleet-api-address", f"127.0.0.1:{ports.fleet}",
-            "--host", "127.0.0.1", "--port", str(ports.control),
-            "--database", str(home / "state.db"),
-        ])  # fmt: skip
+    With ``security`` the SuperLink serves TLS; with ``security.auth`` a key pair per SuperNode
+    is made in ``home/supernode-keys`` and registered through ``connection`` first.
+    """
+    with Cluster(home, log_dir) as cluster:
+        cluster.start("superlink", superlink_command(
+            fleet_address=f"127.0.0.1:{ports.fleet}", host="127.0.0.1", port=ports.control,
+            database=home / "state.db", security=security,
+        ))  # fmt: skip
         _wait_port(ports.fleet)
         _wait_port(ports.control)
+        keys: list[Path | None] = [None] * len(tiers)
+        if security is not None and security.auth:
+            from deploy.certs import make_supernode_key
+
+            for i, tier in enumerate(tiers):
+                private, public = make_supernode_key(home / "supernode-keys", f"{i}-{tier}")
+                register_supernode(cluster, public, connection)
+                keys[i] = private
         for i, tier in enumerate(tiers):
-            node_cfg = f"partition-id={i} num-partitions={len(tiers)} tier='{tier}' {node_config_extra}".strip()
-            start(f"supernode-{tier}", [
-                str(BIN / "flower-supernode"), "--insecure", "--grpc-rere",
-                "--superlink", f"127.0.0.1:{ports.fleet}", "--node-config", node_cfg,
-                "--host", "127.0.0.1", "--port", str(ports.supernode + i),
-            ])  # fmt: skip
-        yield procs
-    finally:
-        for p in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+            cluster.start(f"supernode-{tier}", supernode_command(
+                superlink=f"127.0.0.1:{ports.fleet}", node_config=node_config_for(i, tiers, node_config_extra),
+                port=ports.supernode + i, root_certificates=security.ca_cert if security else None, auth_key=keys[i],
+            ))  # fmt: skip
+        yield cluster.procs
 
 
 def run_loopback(
@@ -266,13 +488,15 @@ def run_loopback(
     flwr_home: Path | None = None,
     timeout: float = 1800.0,
     echo: bool = True,
+    security: Security | None = None,
 ) -> RunOutcome:
     """Start a loopback cluster, run the app on it over gRPC, stop the cluster."""
     ports = ports or Ports()
     home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    write_connection(home, "loopback", ports)
+    write_connection(home, "loopback", ports, root_certificates=security.ca_cert if security else None)
     cfg = f"min-available-nodes={len(tiers)} {run_config}"
-    with loopback_cluster(tiers=tiers, home=home, ports=ports, log_dir=results_dir / run_name / "logs"):
+    log_dir = results_dir / run_name / "logs"
+    with loopback_cluster(tiers=tiers, home=home, ports=ports, log_dir=log_dir, security=security):
         cmd = [
             str(BIN / "flwr"), "run", str(ROOT), "loopback", "--stream",
             "--run-config", _run_config_arg(cfg, results_dir, run_name),
@@ -285,23 +509,44 @@ def run_loopback(
     return RunOutcome(proc.returncode, results_dir / run_name, proc.stdout + proc.stderr)
 
 
-def host_commands(superlink: str, tiers: Sequence[str]) -> list[str]:
-    """Commands to run the cluster on separate hosts (insecure; see README for TLS)."""
-    lines = [
-        "# on the server:",
-        "export FLWR_TELEMETRY_ENABLED=0",
-        "flower-superlink --insecure --disable-runtime-dependency-installation --fleet-api-type grpc-rere "
-        "--fleet-api-address 0.0.0.0:9092 --host 0.0.0.0 --port 9093",
-    ]
-    for i, tier in enumerate(tiers):
-        cfg = f"partition-id={i} num-partitions={len(tiers)} tier='{tier}'"
+def host_commands(superlink: str, tiers: Sequence[str], *, tls: bool = False, auth: bool = False) -> list[str]:
+    """Commands to run the cluster on separate hosts (see docs/DEPLOYING.md)."""
+    auth = auth and tls
+    sec_link = (
+        "--ssl-ca-certfile certs/ca.crt --ssl-certfile certs/server.pem --ssl-keyfile certs/server.key"
+        + (" --enable-supernode-auth" if auth else "")
+        if tls
+        else "--insecure"
+    )
+    lines = ["# on the server:", "export FLWR_TELEMETRY_ENABLED=0 FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1"]
+    if tls:
+        lines.append(f"python -m deploy.certs superlink --out certs --hosts {superlink}")
+    lines.append(
+        f"flower-superlink {sec_link} --disable-runtime-dependency-installation --fleet-api-type grpc-rere "
+        "--fleet-api-address 0.0.0.0:9092 --host 0.0.0.0 --port 9093 --database state.db"
+    )
+    names = [f"{i}-{t}" for i, t in enumerate(tiers)]
+    if auth:
         lines += [
-            f"# on edge device {i} ({tier}); add memory-mb=N to override the budget:",
-            f"flower-supernode --insecure --grpc-rere --superlink {superlink}:9092 --node-config {shlex.quote(cfg)}",
+            "# on your workstation (copy certs/ca.crt there): one key pair per device, registered once",
+            f"python -m deploy.certs supernode --out certs/supernodes --names {','.join(names)}",
+            *(f"flwr supernode register certs/supernodes/{n}.pub cluster" for n in names),
         ]
+    for i, tier in enumerate(tiers):
+        cfg = node_config_for(i, tiers)
+        node_sec = "--root-certificates ca.crt" if tls else "--insecure"
+        if auth:
+            node_sec += f" --auth-supernode-private-key {names[i]}"
+        lines += [
+            f"# on edge device {i} ({tier}); add memory-mb=N to override the budget"
+            + (f" (copy ca.crt and certs/supernodes/{names[i]} there)" if auth else ""),
+            "export FLWR_TELEMETRY_ENABLED=0 FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1",
+            f"flower-supernode {node_sec} --grpc-rere --superlink {superlink}:9092 --node-config {shlex.quote(cfg)}",
+        ]
+    conn = f'#   root-certificates = "{ROOT}/certs/ca.crt"' if tls else "#   insecure = true"
     lines += [
-        "# on your workstation: add to $FLWR_HOME/config.toml",
-        f'#   [superlink.cluster]\n#   address = "{superlink}:9093"\n#   insecure = true',
+        "# on your workstation: add to $FLWR_HOME/config.toml (default ~/.flwr/config.toml)",
+        f'#   [superlink.cluster]\n#   address = "{superlink}:9093"\n{conn}',
         f"flwr run . cluster --stream --run-config 'min-available-nodes={len(tiers)}'",
     ]
     return lines
@@ -322,12 +567,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--cpus-per-client", type=float, default=1.0)
         else:
             p.add_argument("--tiers", default="weak,medium,strong")
+            p.add_argument("--tls-dir", type=Path, help="serve TLS with the CA/certificate here (made if missing)")
+            p.add_argument("--auth", action="store_true", help="SuperNode authentication (needs --tls-dir)")
     p = sub.add_parser("print-hosts")
     p.add_argument("--superlink", required=True)
     p.add_argument("--tiers", default="weak,medium,strong")
+    p.add_argument("--tls", action="store_true", help="TLS on the SuperLink (certificates from deploy.certs)")
+    p.add_argument("--auth", action="store_true", help="SuperNode authentication (needs --tls)")
     args = parser.parse_args(argv)
     if args.mode == "print-hosts":
-        print("\n".join(host_commands(args.superlink, args.tiers.split(","))))
+        if args.auth and not args.tls:
+            parser.error("--auth needs --tls (Flower authenticates SuperNodes only over TLS)")
+        print("\n".join(host_commands(args.superlink, args.tiers.split(","), tls=args.tls, auth=args.auth)))
         return 0
     run_name = args.run_name or f"{args.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     results = Path(args.results_dir).resolve()
@@ -339,9 +590,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_name=run_name, cpus_per_client=args.cpus_per_client,
         )  # fmt: skip
     else:
+        if args.auth and args.tls_dir is None:
+            parser.error("--auth needs --tls-dir (Flower authenticates SuperNodes only over TLS)")
+        security = Security.generate(args.tls_dir.resolve(), auth=args.auth) if args.tls_dir else None
         outcome = run_loopback(
-            tiers=args.tiers.split(","), run_config=args.run_config, results_dir=results, run_name=run_name
-        )
+            tiers=args.tiers.split(","), run_config=args.run_config, results_dir=results, run_name=run_name,
+            security=security,
+        )  # fmt: skip
     if not outcome.ok:
         print(f"run failed: no summary in {outcome.results} (flwr exit code {outcome.returncode})", file=sys.stderr)
         return 1

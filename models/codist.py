@@ -316,9 +316,11 @@ class CodistFamily:
         """Pools share no tensors: there are no width groups."""
         raise ValueError("co-distillation pools have no width variants")
 
-    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-        """``{"x", "labels"}`` batches of normalized images."""
-        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    def loader(
+        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
+    ) -> DataLoader:
+        """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
+        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
 
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """The model itself (no normalization layers)."""

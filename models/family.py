@@ -62,8 +62,10 @@ class ModelFamily(Hashable, Protocol):
         """Width group per axis of every tensor of ``catalog.largest``."""
         ...
 
-    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-        """Batches of ``ds`` as keyword arguments of the model plus ``labels``."""
+    def loader(
+        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
+    ) -> DataLoader:
+        """Batches of ``ds`` as keyword arguments of the model plus ``labels`` (inputs seen in ``domain``)."""
         ...
 
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
@@ -91,8 +93,12 @@ class TransformerFamily:
         """:func:`models.transformer.bert_width_rules` of the largest variant."""
         return bert_width_rules(catalog.largest.layout.names())
 
-    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-        """Tokenized batches, padded per batch, truncated at ``max_seq_len``."""
+    def loader(
+        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
+    ) -> DataLoader:
+        """Tokenized batches, padded per batch, truncated at ``max_seq_len`` (text has one domain)."""
+        if domain != "plain":
+            raise ValueError(f"text data has no input domain {domain!r} (domains are for images)")
         tok = load_tokenizer(self.spec.source)
         return text_loader(ds, tok, batch_size=batch_size, max_length=self.max_seq_len, shuffle=shuffle, seed=seed)
 
@@ -173,9 +179,11 @@ class CNNFamily:
             full = self.at_rate(1.0)
         return width_rules(self.name, full)
 
-    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-        """``{"x", "labels"}`` batches of normalized images."""
-        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    def loader(
+        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
+    ) -> DataLoader:
+        """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
+        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
 
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """HeteroFL's sBN: norms re-estimated on up to ``stats_batches`` training batches."""
@@ -233,9 +241,11 @@ class ArchitectureFamily:
         """Architectures are not cut by width."""
         raise ValueError("FlexiFed architectures have no width variants")
 
-    def loader(self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-        """``{"x", "labels"}`` batches of normalized images."""
-        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    def loader(
+        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
+    ) -> DataLoader:
+        """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
+        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
 
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """SBN copy (static batch norm, as :class:`CNNFamily`)."""

@@ -108,6 +108,34 @@ def image_tensors(ds: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+#: Input domains of domain-shifted pools: ``plain`` images and ``inverted`` ones (pixel
+#: ``p -> 255 - p``); the co-distillation paper's Table 2 splits pools by domain the same way.
+IMAGE_DOMAINS = ("plain", "inverted")
+
+
+def shift_images(x: torch.Tensor, domain: str) -> torch.Tensor:
+    """Normalized images ``x`` seen in ``domain``.
+
+    ``inverted`` maps pixel ``p`` to ``255 - p``; with ``MEAN = STD = 0.5`` that is
+    ``((255 - p) / 255 - 0.5) / 0.5 = -x`` exactly.  ``plain`` returns ``x`` itself.
+    """
+    if domain == "plain":
+        return x
+    if domain == "inverted":
+        return -x
+    raise ImageDataError(f"unknown image domain {domain!r} (expected one of {IMAGE_DOMAINS})")
+
+
+def mixed_domains(x: torch.Tensor, domains: list[str] | tuple[str, ...]) -> torch.Tensor:
+    """``x`` with example ``i`` seen in ``domains[i % len(domains)]`` (equal shares, interleaved)."""
+    if len(domains) <= 1:
+        return shift_images(x, domains[0]) if domains else x
+    out = x.clone()
+    for k, domain in enumerate(domains):
+        out[k :: len(domains)] = shift_images(x[k :: len(domains)], domain)
+    return out
+
+
 def image_shape(ds: Dataset) -> tuple[int, int, int]:
     """``(channels, height, width)`` of the first image of ``ds``."""
     x, _ = image_tensors(ds.select(range(min(1, len(ds)))))
@@ -130,8 +158,9 @@ class _Pairs(TorchDataset):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
-def image_loader(ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-    """Loader of ``{"x": (B, C, H, W) float32, "labels": (B,) int64}`` batches."""
+def image_loader(ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain") -> DataLoader:
+    """Loader of ``{"x": (B, C, H, W) float32, "labels": (B,) int64}`` batches, seen in ``domain``."""
     x, y = image_tensors(ds)
+    x = shift_images(x, domain)
     gen = torch.Generator().manual_seed(seed)
     return DataLoader(_Pairs(x, y), batch_size=batch_size, shuffle=shuffle, generator=gen)

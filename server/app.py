@@ -9,6 +9,7 @@ Flower's loop run the remaining ``N - k`` rounds, which the strategy numbers ``k
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from logging import INFO, WARNING
@@ -23,10 +24,19 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from models.codist import unlabeled_image_crops, unlabeled_images
-from models.data import DataSpec, load_splits, num_labels, server_stats_set, server_test_set
-from models.family import ArchitectureFamily, TransformerFamily
-from models.images import image_shape
+from models.data import (
+    DataSpec,
+    load_splits,
+    num_labels,
+    read_guardian_headlines,
+    server_stats_set,
+    server_test_set,
+    text_inputs,
+)
+from models.family import ArchitectureFamily, CNNFamily, TransformerFamily
+from models.images import image_shape, image_tensors, mixed_domains
 from models.training import evaluate_classifier
+from models.transformer import load_tokenizer, resolve_source
 from server.checkpoint import (
     Checkpoint,
     CheckpointIncompatible,
@@ -39,14 +49,16 @@ from server.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from server.config import CODIST_MODES, FLEXIFED_MODES, ConfigError, RunConfig
+from server.config import CODIST_MODES, FLEXIFED_MODES, PFEDKNOW_METHODS, ConfigError, RunConfig
 from server.results import ResultsWriter
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
-from strategies.codistill import CoDistillation, DistillConfig
+from strategies.codistill import Batch, CoDistillation, DistillConfig
 from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL, WidthRules
 from strategies.inclusivefl import InclusiveFL
+from strategies.pfedknow import MODES as PFEDKNOW_MODES
+from strategies.pfedknow import PFedKnow
 
 app = ServerApp()
 
@@ -96,6 +108,8 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
             share_classifier=cfg.flexifed_share_classifier,
             **common,  # type: ignore[arg-type]
         )
+    if cfg.method in PFEDKNOW_METHODS:
+        return pfedknow_strategy(cfg, common)
     if cfg.uses_width:
         return HeteroFL(
             rules=WidthRules(axes=family.width_rules(cfg.catalog)),
@@ -109,12 +123,81 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
     return InclusiveFL(beta=beta, adam=cfg.fedadam(), **common)  # type: ignore[arg-type]
 
 
-def distillation_inputs(cfg: RunConfig) -> Tensor:
-    """Unlabeled images the server distills on: photo crops (out-of-domain) or training images without labels."""
-    if cfg.distill_data == "crops":
-        return unlabeled_image_crops(cfg.distill_size, cfg.image_size, cfg.image_channels, seed=cfg.seed)
-    train, _ = load_splits(cfg.data_spec())
-    return unlabeled_images(train, cfg.distill_size, seed=cfg.seed)
+def pfedknow_labeled_set(cfg: RunConfig) -> tuple[Tensor, Tensor]:
+    """The pFedKnow server's labeled set ``D_s``: ``pfedknow-labeled-size`` test-split examples.
+
+    Taken from the same seeded shuffle of the test split as :func:`models.data.server_test_set`,
+    right after its ``server-test-size`` evaluation examples: disjoint from the evaluation data
+    and from every client's (training-split) data.
+    """
+    spec = cfg.data_spec()
+    _, test = load_splits(spec)
+    lo = cfg.server_test_size
+    hi = min(len(test), lo + cfg.pfedknow_labeled_size)
+    if hi <= lo:
+        raise ConfigError(
+            f"run config 'pfedknow-labeled-size': the test split ({len(test)}) has no examples left after "
+            f"'server-test-size' = {lo}"
+        )
+    return image_tensors(test.shuffle(seed=spec.seed).select(range(lo, hi)))
+
+
+def pfedknow_strategy(cfg: RunConfig, common: Mapping[str, Any]) -> PFedKnow:
+    """Build pFedKnow or an ablation: the lightweight ``conv`` CNN, a ``pfedknow-teacher-scale`` wider teacher."""
+    family = cfg.family()
+    assert isinstance(family, CNNFamily)
+    teacher = dataclasses.replace(
+        family, base=tuple(max(1, round(w * cfg.pfedknow_teacher_scale)) for w in family.base)
+    )
+    mode = PFEDKNOW_MODES[cfg.method]
+    return PFedKnow(
+        mode=mode,
+        build_model=lambda: family.build(cfg.catalog.largest),
+        build_teacher=lambda: teacher.at_rate(1.0),
+        labeled=pfedknow_labeled_set(cfg),
+        target_ratio=cfg.pfedknow_prune_ratio,
+        ramp_rounds=cfg.pfedknow_prune_rounds,
+        delta=1.0 - cfg.semifl_confidence if mode.uncertainty == "softmax" else cfg.pfedknow_delta,
+        l1=cfg.pfedknow_l1,
+        distill_steps=cfg.distill_steps,
+        distill_lr=cfg.distill_lr,
+        distill_batch_size=cfg.distill_batch_size,
+        temperature=cfg.distill_temperature,
+        teacher_steps=cfg.pfedknow_teacher_steps,
+        init_steps=cfg.pfedknow_init_steps,
+        **common,
+    )
+
+
+def distillation_inputs(cfg: RunConfig) -> Batch:
+    """The server's unlabeled distillation set (``distill-size`` examples).
+
+    Images: photo crops (``crops``, out-of-domain) or training images without labels
+    (``in-domain``).  Text: Guardian headlines (``headlines``, out-of-domain) or training
+    texts without labels (``in-domain``), tokenized for the transformer pools.
+    ``out-of-domain`` (the default) picks crops or headlines by the model's data kind.  With
+    several input domains (``tier-domains``) the images are split into equal shares, one per
+    domain (:func:`models.images.mixed_domains`), like the paper's mixed distillation data.
+    """
+    source = cfg.distill_data
+    if source == "out-of-domain":
+        source = "crops" if cfg.image_data else "headlines"
+    if cfg.image_data:
+        if source == "crops":
+            x = unlabeled_image_crops(cfg.distill_size, cfg.image_size, cfg.image_channels, seed=cfg.seed)
+        else:
+            train, _ = load_splits(cfg.data_spec())
+            x = unlabeled_images(train, cfg.distill_size, seed=cfg.seed)
+        return mixed_domains(x, cfg.domains)
+    if source == "headlines":
+        texts = read_guardian_headlines()
+    else:
+        train, _ = load_splits(cfg.data_spec())
+        texts = [str(t) for t in train["text"]]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    keep = torch.randperm(len(texts), generator=gen)[: cfg.distill_size].tolist()
+    tokenizer = load_tokenizer(resolve_source(cfg.model))
+    return text_inputs([texts[i] for i in keep], tokenizer, max_length=cfg.max_seq_len)
 
 
 class CentralEvaluator:
@@ -129,36 +212,53 @@ class CentralEvaluator:
         self.cfg = cfg
         self.family = cfg.family()
         spec = cfg.data_spec()
-        self.loader: DataLoader = self.family.loader(
-            server_test_set(spec), batch_size=cfg.eval_batch_size, shuffle=False
-        )
-        self.stats: DataLoader | None = None
+        test = server_test_set(spec)
+        self.loaders: dict[str, DataLoader] = {
+            d: self.family.loader(test, batch_size=cfg.eval_batch_size, shuffle=False, domain=d) for d in cfg.domains
+        }
+        self.stats: dict[str, DataLoader] = {}
         if self.family.data_kind == "image":
-            self.stats = self.family.loader(
-                server_stats_set(spec), batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
-            )
+            sample = server_stats_set(spec)
+            self.stats = {
+                d: self.family.loader(sample, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed, domain=d)
+                for d in cfg.domains
+            }
 
-    def evaluate(self, variant: str, params: Mapping[str, Tensor]) -> tuple[float, float]:
-        """``(loss, accuracy)`` of one model."""
+    def evaluate(self, variant: str, params: Mapping[str, Tensor]) -> dict[str, float]:
+        """``loss`` and ``accuracy`` of one model, and per input domain when the run has several.
+
+        With domains (``tier-domains``) the test set is evaluated once per domain
+        (``accuracy-<domain>``, ``loss-<domain>``); ``accuracy`` / ``loss`` are their means, i.e.
+        the mixed test set of equal shares.  Static batch-norm statistics come from the same
+        domain's training sample.
+        """
         model = self.family.build(self.cfg.catalog.get(variant))
         model.load_state_dict(dict(params), strict=False)
-        loss, acc, _ = evaluate_classifier(self.family.for_evaluation(model, self.stats), self.loader)
-        return loss, acc
+        out: dict[str, float] = {}
+        for domain, loader in self.loaders.items():
+            loss, acc, _ = evaluate_classifier(self.family.for_evaluation(model, self.stats.get(domain)), loader)
+            out[f"loss-{domain}"], out[f"accuracy-{domain}"] = loss, acc
+        out["loss"] = sum(out[f"loss-{d}"] for d in self.loaders) / len(self.loaders)
+        out["accuracy"] = sum(out[f"accuracy-{d}"] for d in self.loaders) / len(self.loaders)
+        if len(self.loaders) == 1:
+            out = {"loss": out["loss"], "accuracy": out["accuracy"]}
+        return out
 
     def generators(self) -> dict[str, torch.Generator]:
-        """Random generators whose state belongs in a checkpoint (the sBN statistics sampler)."""
-        gen = getattr(self.stats, "generator", None)
-        return {"evaluator-stats": gen} if isinstance(gen, torch.Generator) else {}
+        """Random generators whose state belongs in a checkpoint (the sBN statistics samplers)."""
+        out = {}
+        for domain, loader in self.stats.items():
+            gen = getattr(loader, "generator", None)
+            if isinstance(gen, torch.Generator):
+                out["evaluator-stats" if domain == "plain" else f"evaluator-stats-{domain}"] = gen
+        return out
 
     def __call__(self, models: Mapping[str, list[Mapping[str, Tensor]]]) -> dict[str, dict[str, float]]:
-        """Mean loss/accuracy per variant over its models."""
+        """Mean of every metric of :meth:`evaluate` per variant over its models."""
         out = {}
         for variant, params_list in models.items():
             results = [self.evaluate(variant, p) for p in params_list]
-            out[variant] = {
-                "loss": sum(r[0] for r in results) / len(results),
-                "accuracy": sum(r[1] for r in results) / len(results),
-            }
+            out[variant] = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
         return out
 
 

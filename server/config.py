@@ -23,6 +23,7 @@ from models.codist import CODIST_SIZES, CodistFamily, codist_catalog
 from models.codist import FAMILY as CODIST_MODEL
 from models.data import DataSpec
 from models.family import ArchitectureFamily, CNNFamily, ModelFamily, TransformerFamily, parse_widths
+from models.images import IMAGE_DOMAINS
 from models.training import TrainSettings
 from models.transformer import TransformerSpec, depth_catalog, matched_width_rates, width_catalog
 from strategies.fedadam import FedAdamConfig
@@ -43,11 +44,19 @@ Method = Literal[
     "codist-merged",
     "codist-periodic",
     "codist-fedavg",
+    "pfedknow",
+    "pfedknow-as1",
+    "pfedknow-as2",
+    "pfedknow-as3",
+    "pfedknow-as4",
+    "semifl",
 ]
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = ("heterofl", "fedrolex")
 #: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
-CNN_METHODS = (*WIDTH_METHODS, "all-small", "all-large", "exclusive")
+#: pFedKnow (seed 002), its ablations AS-1..AS-4 and the SemiFL-style baseline (``model = "conv"``, one tier).
+PFEDKNOW_METHODS = ("pfedknow", "pfedknow-as1", "pfedknow-as2", "pfedknow-as3", "pfedknow-as4", "semifl")
+CNN_METHODS = (*WIDTH_METHODS, "all-small", "all-large", "exclusive", *PFEDKNOW_METHODS)
 #: FlexiFed's methods and baselines, mapped to ``strategies.flexifed`` modes; they need an
 #: architecture family (``model = "vgg"`` or ``"resnet"``, tiers naming its architectures).
 FLEXIFED_MODES = {
@@ -100,7 +109,8 @@ class RunConfig(BaseModel):
     distill_lambda: float = Field(0.1, ge=0.0, le=1.0)
     distill_lr: float = Field(1e-3, ge=0.0)
     distill_batch_size: int = Field(64, ge=1)
-    distill_data: Literal["crops", "in-domain"] = "crops"
+    #: out-of-domain = photo crops for images, Guardian headlines for text
+    distill_data: Literal["out-of-domain", "crops", "headlines", "in-domain"] = "out-of-domain"
     distill_size: int = Field(2000, ge=1)
     flexifed_uniform: bool = False
     flexifed_share_classifier: bool = False
@@ -111,6 +121,8 @@ class RunConfig(BaseModel):
     tier_proportions: str = "1:1:1"
     tier_memory_mb: str = "700:850:1100"
     tier_widths: str = "auto"
+    #: per tier, the input domain of its clients' images ("plain" / "inverted"); "" = all plain
+    tier_domains: str = ""
     heterofl_server_optimizer: Literal["average", "fedadam"] = "average"
     runtime_overhead_mb: float = Field(450.0, ge=0)
     freeze_word_embeddings: bool = True
@@ -154,6 +166,19 @@ class RunConfig(BaseModel):
     resume: bool = False
     clip_update_norm: str = "0"
     robust_aggregation: Literal["mean", "median"] = "mean"
+    # pFedKnow: uncertainty threshold, target channel-pruning ratio reached after prune-rounds
+    # rounds, slimming L1 on BN scales, server labeled-set size (held out of the test split after
+    # the server's evaluation examples), teacher width factor and its / the student's init steps;
+    # server distillation uses distill-steps / distill-lr / distill-batch-size / distill-temperature
+    pfedknow_delta: float = Field(0.7, gt=0.0, le=1.0)
+    pfedknow_prune_ratio: float = Field(0.2, ge=0.0, lt=1.0)
+    pfedknow_prune_rounds: int = Field(3, ge=1)
+    pfedknow_l1: float = Field(1e-4, ge=0.0)
+    pfedknow_labeled_size: int = Field(1000, ge=1)
+    pfedknow_teacher_scale: float = Field(2.0, ge=1.0)
+    pfedknow_teacher_steps: int = Field(300, ge=0)
+    pfedknow_init_steps: int = Field(200, ge=0)
+    semifl_confidence: float = Field(0.95, gt=0.0, lt=1.0)
 
     @field_validator("tiers")
     @classmethod
@@ -231,15 +256,44 @@ class RunConfig(BaseModel):
                 f"run config 'method': {self.method!r} needs model 'vgg', 'resnet' (architectures as tiers) "
                 "or a transformer (depth tiers)"
             )
-        if self.is_codist != (self.method in CODIST_MODES):
+        if self.is_codist and self.method not in CODIST_MODES:
             raise ValueError(
-                f"run config 'method': co-distillation methods {tuple(CODIST_MODES)} and model "
-                f"{CODIST_MODEL!r} go together (got method {self.method!r}, model {self.model!r})"
+                f"run config 'method': model {CODIST_MODEL!r} needs a co-distillation method {tuple(CODIST_MODES)}, "
+                f"got {self.method!r}"
             )
+        if self.method in CODIST_MODES and (self.is_cnn or self.is_architectures):
+            raise ValueError(
+                f"run config 'method': {self.method!r} pools are model sizes: model {CODIST_MODEL!r} "
+                f"(images) or a transformer at tier depths (text), not {self.model!r}"
+            )
+        if self.method in CODIST_MODES and self.method != "codist-fedavg":
+            text_only, image_only = ("headlines",), ("crops",)
+            if self.distill_data in (image_only if not self.image_data else text_only):
+                kind = "image" if self.image_data else "text"
+                raise ValueError(
+                    f"run config 'distill-data': {self.distill_data!r} does not fit {kind} models; use "
+                    f"{'crops' if self.image_data else 'headlines'!r} (out-of-domain) or 'in-domain'"
+                )
         if self.is_codist:
             unknown = [t for t in self.tier_names if t not in CODIST_SIZES]
             if unknown:
                 raise ValueError(f"run config 'tiers': pools {unknown} are not model sizes {tuple(CODIST_SIZES)}")
+        if self.method in PFEDKNOW_METHODS:
+            if self.model != cnn.CONV:
+                raise ValueError(
+                    f"run config 'model': {self.method!r} prunes by network slimming of HeteroFL's 'conv' CNN; "
+                    f"got {self.model!r}"
+                )
+            if len(self.tier_names) != 1:
+                raise ValueError(
+                    f"run config 'tiers': {self.method!r} trains one lightweight model; give one tier, "
+                    f"got {self.tier_names}"
+                )
+            if self.server_test_size == 0:
+                raise ValueError(
+                    "run config 'server-test-size': pFedKnow's labeled set is held out of the test split "
+                    "after the server's evaluation examples; give a positive size"
+                )
         if self.is_cnn and self.method not in CNN_METHODS:
             raise ValueError(
                 f"run config 'method': {self.method!r} needs a depth-cut model; "
@@ -257,6 +311,15 @@ class RunConfig(BaseModel):
         if self.resume and self.checkpoint_keep == 0:
             raise ValueError("run config 'resume': needs checkpoints, but 'checkpoint-keep' is 0 (off)")
         n = len(self.tier_names)
+        if self.tier_domains:
+            domains = split_list(self.tier_domains, "tier-domains")
+            if not self.image_data:
+                raise ValueError("run config 'tier-domains': input domains apply to image models only")
+            if len(domains) != n:
+                raise ValueError(f"run config 'tier-domains' has {len(domains)} entries but 'tiers' has {n}")
+            unknown = sorted(set(domains) - set(IMAGE_DOMAINS))
+            if unknown:
+                raise ValueError(f"run config 'tier-domains': {unknown} are not image domains {IMAGE_DOMAINS}")
         clip = split_list(self.clip_update_norm, "clip-update-norm")
         if len(clip) not in (1, n):
             raise ValueError(f"run config 'clip-update-norm' has {len(clip)} entries; give one or one per tier ({n})")
@@ -298,6 +361,17 @@ class RunConfig(BaseModel):
     def tier_depths(self) -> list[tuple[str, int]]:
         """``(tier, layers)`` pairs."""
         return list(zip(self.tier_names, [int(x) for x in split_list(self.tier_layers, "tier-layers")], strict=True))
+
+    def tier_domain(self, tier: str) -> str:
+        """Input domain of ``tier``'s clients (``plain`` when ``tier-domains`` is not set)."""
+        if not self.tier_domains:
+            return "plain"
+        return dict(zip(self.tier_names, split_list(self.tier_domains, "tier-domains"), strict=True)).get(tier, "plain")
+
+    @property
+    def domains(self) -> list[str]:
+        """The distinct input domains of the run, in tier order (``["plain"]`` when not set)."""
+        return list(dict.fromkeys(self.tier_domain(t) for t in self.tier_names))
 
     @property
     def proportions(self) -> list[float]:

@@ -80,6 +80,9 @@ class ResultsWriter:
             if tier in central:
                 row["local-accuracy"] = central[tier]["accuracy"]
                 row["local-loss"] = central[tier]["loss"]
+                for key, value in central[tier].items():  # per input domain: local-accuracy-<domain>, ...
+                    if key not in ("accuracy", "loss"):
+                        row[f"local-{key}"] = value
             if report and tier in report.groups:
                 row.update(report.groups[tier])
             tiers[tier] = row

@@ -16,7 +16,11 @@ heterogeneous method needs and leaves only the aggregation math to subclasses:
   memory is ``O(groups x model)``, independent of the number of replies;
 * **failures** -- error replies (a ClientApp exception, or a dead node whose error
   the SuperLink sends with ``src_node_id = 1``) are mapped back to the node through
-  ``reply_to_message_id`` and reported per round;
+  ``reply_to_message_id`` and reported per round, and so is every node whose reply did
+  not come within the round timeout;
+* **prompt replies** -- :meth:`HeterogeneousStrategy.start` runs Flower's loop on a
+  :class:`PromptGrid`, which polls for replies every 0.2 s (Flower's deployment grid
+  sleeps 3 s between polls);
 * **robust options** (opt-in, :mod:`strategies.robust`) -- per-group update-norm
   clipping before folding, and a coordinate-wise median per group instead of the mean;
 * **checkpoints** -- :meth:`HeterogeneousStrategy.checkpoint_state` /
@@ -31,6 +35,7 @@ one composite ``ArrayRecord`` keyed ``"<variant>/<param>"``.
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,7 +56,7 @@ from flwr.app import (
 )
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 from torch import Tensor
 
 from models.catalog import VariantCatalog
@@ -66,6 +71,56 @@ from strategies.validation import (
 
 SEP = "/"
 State = dict[str, dict[str, Tensor]]
+
+
+class PromptGrid(Grid):
+    """A ``Grid`` whose ``send_and_receive`` polls for replies every ``poll_interval`` seconds.
+
+    Flower 1.39's deployment grid (``HttpGrid.send_and_receive``) sleeps 3 s between pulls,
+    so each message round trip waits 1.5 s on average after its last reply arrived.  Every
+    other call goes to the wrapped grid unchanged; the semantics are Flower's (replies that
+    arrive after ``timeout`` are not collected, ``timeout=None`` waits for all).
+    """
+
+    def __init__(self, grid: Grid, poll_interval: float = 0.2) -> None:
+        self.grid = grid
+        self.poll_interval = poll_interval
+
+    def set_run(self, run: Any) -> None:  # noqa: D102
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Any:  # noqa: D102
+        return self.grid.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # noqa: D102
+        return self.grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return self.grid.get_node_ids()
+
+    def get_nodes(self) -> Iterable[Any]:  # noqa: D102
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages``; pull their replies every ``poll_interval`` s until all came or ``timeout``."""
+        pending = set(self.grid.push_messages(messages))
+        end = time.time() + (timeout if timeout is not None else 0.0)
+        replies: list[Message] = []
+        while pending:
+            got = list(self.grid.pull_messages(pending))
+            replies += got
+            pending -= {m.metadata.reply_to_message_id for m in got}
+            if not pending or (timeout is not None and time.time() >= end):
+                break
+            time.sleep(self.poll_interval)
+        return replies
 
 
 def compose(state: Mapping[str, Mapping[str, Tensor]]) -> ArrayRecord:
@@ -352,6 +407,14 @@ class HeterogeneousStrategy(Strategy):
         """Tensors a node of ``variant`` receives (override for per-node models)."""
         return self.state[variant]
 
+    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:
+        """Flower's round loop (``Strategy.start``) on a :class:`PromptGrid` around ``grid``.
+
+        ``HETFL_REPLY_POLL_S`` (default 0.2) sets its poll interval; 3 reproduces Flower's own.
+        """
+        poll = float(os.environ.get("HETFL_REPLY_POLL_S", "0.2"))
+        return super().start(grid if isinstance(grid, PromptGrid) else PromptGrid(grid, poll), *args, **kwargs)
+
     def report(self, server_round: int) -> RoundReport:
         """The report of ``server_round`` (created on first use)."""
         if server_round not in self.reports:
@@ -490,6 +553,21 @@ class HeterogeneousStrategy(Strategy):
             return None
         return rec
 
+    @staticmethod
+    def _report_missing(sent: Mapping[str, Sent], seen: list[tuple[str, int]], report: RoundReport, what: str) -> None:
+        """Report every node that was sent a message and was not heard from (round timeout).
+
+        ``seen`` holds ``(reply_to_message_id, src_node_id)`` of every reply; a node whose
+        reply was rejected or failed is already reported and is not reported again here.
+        """
+        answered = {m for m, _ in seen}
+        heard = {n for _, n in seen}
+        for message_id, rec in sent.items():
+            if message_id not in answered and rec.node_id not in heard:
+                reason = f"node {rec.node_id} ({rec.variant}) {what} failed: no reply within the round timeout"
+                log(WARNING, "%s", reason)
+                report.failed.append(reason)
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -508,7 +586,9 @@ class HeterogeneousStrategy(Strategy):
         buffers: dict[str, MedianBuffer] = {}
         counts = {v.name: 0 for v in self.catalog}
         client_metrics: dict[str, StreamingMean] = {}
+        seen: list[tuple[str, int]] = []
         for reply in replies:
+            seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
             rec = self._match(reply, sent, report, "train")
             if rec is None:
                 continue
@@ -555,6 +635,7 @@ class HeterogeneousStrategy(Strategy):
             if scalars:
                 client_metrics.setdefault(rec.variant, StreamingMean()).add(scalars, n)
             del tensors
+        self._report_missing(sent, seen, report, "train")
         for variant, buf in buffers.items():
             median, total, count = buf.result()
             self.fold_group(variant, median, total, count, means)
@@ -625,7 +706,9 @@ class HeterogeneousStrategy(Strategy):
         report = self.report(server_round)
         sent = self._by_message_id(self._sent_eval)
         sums: dict[str, list[float]] = {}
+        seen: list[tuple[str, int]] = []
         for reply in replies:
+            seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
             rec = self._match(reply, sent, report, "evaluate")
             if rec is None:
                 continue
@@ -642,6 +725,7 @@ class HeterogeneousStrategy(Strategy):
             s[0] += n
             s[1] += n * loss
             s[2] += n * acc
+        self._report_missing(sent, seen, report, "evaluate")
         out = MetricRecord()
         for variant, (total, loss_sum, acc_sum) in sums.items():
             out[f"{variant}/fed-loss"] = loss_sum / total

@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 import torch.nn.functional as F
@@ -243,7 +243,7 @@ class Distilled:
 def distill(
     student: nn.Module,
     teacher: nn.Module | Sequence[nn.Module],
-    batches: Iterable[Tensor],
+    batches: Iterable[Batch],
     *,
     steps: int,
     temperature: float,
@@ -264,8 +264,9 @@ def distill(
         Start of distillation, ``theta_i^t``.
     teacher : nn.Module or Sequence[nn.Module]
         The other pools' models.
-    batches : Iterable[Tensor]
-        Unlabeled inputs; the first ``steps`` batches are used.
+    batches : Iterable[Tensor or Mapping[str, Tensor]]
+        Unlabeled inputs (image tensors, or keyword inputs of a text model, see
+        :func:`model_logits`); the first ``steps`` batches are used.
     steps : int
         Number of Adam steps ``s`` (0 returns the student's state unchanged).
     temperature, lam, lr : float
@@ -306,12 +307,12 @@ def distill(
                 x = next(it)
             except StopIteration:
                 raise DistillationError(f"distillation batches ran out after {step} of {steps} steps") from None
-            if not isinstance(x, Tensor):
-                raise TypeError(f"distillation batches must be tensors, got {type(x).__name__}")
-            x = x.to(dev)
+            x = _batch_to(x, dev)
             with torch.no_grad():
-                target = distillation_target([t(x) for t in teachers], start(x), temperature, lam)
-            loss = distillation_loss(work(x), target, temperature)
+                target = distillation_target(
+                    [model_logits(t, x) for t in teachers], model_logits(start, x), temperature, lam
+                )
+            loss = distillation_loss(model_logits(work, x), target, temperature)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -322,13 +323,63 @@ def distill(
     return Distilled({k: v.detach().clone().to(home) for k, v in work.state_dict().items()}, losses)
 
 
-def sample_batches(x: Tensor, *, steps: int, batch_size: int, seed: int) -> Iterator[Tensor]:
+#: One distillation batch: an image tensor ``(B, C, H, W)``, or keyword inputs of a text model
+#: (``input_ids``, ``attention_mask``, each ``(B, L)``).
+Batch = Tensor | Mapping[str, Tensor]
+
+
+def model_logits(model: nn.Module, x: Batch) -> Tensor:
+    """Logits of ``model`` on one batch: ``model(x)`` for a tensor, ``model(**x)`` for keyword inputs.
+
+    A Hugging Face output is unwrapped to its ``.logits``.
+    """
+    out = model(**x) if isinstance(x, Mapping) else model(x)
+    return out if isinstance(out, Tensor) else out.logits
+
+
+def _batch_to(x: Batch, dev: torch.device) -> Batch:
+    if isinstance(x, Tensor):
+        return x.to(dev)
+    if isinstance(x, Mapping) and all(isinstance(v, Tensor) for v in x.values()):
+        return {k: v.to(dev) for k, v in x.items()}
+    raise TypeError(f"distillation batches must be tensors or mappings of tensors, got {type(x).__name__}")
+
+
+def batch_size_of(x: Batch) -> int:
+    """Number of examples in a batch (the first dimension of its tensor(s))."""
+    if isinstance(x, Tensor):
+        return int(x.shape[0])
+    sizes = {int(v.shape[0]) for v in x.values()}
+    if len(sizes) != 1:
+        raise DistillationError(f"keyword inputs disagree on the number of examples: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _take(x: Batch, index: Tensor) -> Batch:
+    """Rows ``index`` of a batch; keyword inputs with an ``attention_mask`` are cut to the longest kept row."""
+    if isinstance(x, Tensor):
+        return x[index]
+    rows = {k: v[index] for k, v in x.items()}
+    mask = rows.get("attention_mask")
+    if mask is not None and mask.dim() == 2 and mask.shape[1] > 0:
+        width = max(int(mask.sum(dim=1).max()), 1)
+        rows = {k: v[:, :width] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v for k, v in rows.items()}
+    return rows
+
+
+@overload
+def sample_batches(x: Tensor, *, steps: int, batch_size: int, seed: int) -> Iterator[Tensor]: ...
+@overload
+def sample_batches(x: Mapping[str, Tensor], *, steps: int, batch_size: int, seed: int) -> Iterator[Batch]: ...
+def sample_batches(x: Batch, *, steps: int, batch_size: int, seed: int) -> Iterator[Batch]:
     """``steps`` batches of ``x`` in seeded epochs: a fresh random permutation per pass.
 
     A batch never spans two passes; ``batch_size`` larger than ``len(x)`` gives batches of
-    the whole (shuffled) set.
+    the whole (shuffled) set.  ``x`` is an image tensor or a mapping of keyword inputs (rows
+    padded to a common length); a text batch is trimmed to its longest row's
+    ``attention_mask`` (padding beyond it changes no logit of a BERT-style model).
     """
-    n = int(x.shape[0])
+    n = batch_size_of(x)
     if n == 0:
         raise DistillationError("the unlabeled distillation set is empty")
     gen = torch.Generator().manual_seed(seed)
@@ -339,7 +390,7 @@ def sample_batches(x: Tensor, *, steps: int, batch_size: int, seed: int) -> Iter
         for lo in range(0, n - size + 1, size):
             if done == steps:
                 return
-            yield x[perm[lo : lo + size]]
+            yield _take(x, perm[lo : lo + size])
             done += 1
 
 
@@ -378,10 +429,12 @@ class CoDistillation(HeterogeneousStrategy):
     build_model : Callable[[str], nn.Module]
         Pool name -> a fresh model whose ``state_dict`` keys are the pool's layout names.
         Needed unless ``mode="fedavg"``.
-    distill_data : Tensor or Callable[[], Iterable[Tensor]]
-        Unlabeled inputs ``(N, C, H, W)`` sampled with :func:`sample_batches` (seeded by
-        ``seed`` and the round; every student of a round sees the same batches), or a callable
-        returning a fresh iterable of batches per student.  Needed unless ``mode="fedavg"``.
+    distill_data : Tensor, Mapping[str, Tensor] or Callable[[], Iterable[...]]
+        Unlabeled inputs -- images ``(N, C, H, W)`` or a text model's padded keyword inputs
+        (``input_ids``, ``attention_mask``: ``(N, L)``) -- sampled with :func:`sample_batches`
+        (seeded by ``seed`` and the round; every student of a round sees the same batches), or a
+        callable returning a fresh iterable of batches per student.  Needed unless
+        ``mode="fedavg"``.
     mode : {"merged", "periodic", "fedavg"}
         MergedCodist, PeriodicCodist or the FedAvg baseline.
     alpha : float
@@ -413,7 +466,7 @@ class CoDistillation(HeterogeneousStrategy):
         catalog: VariantCatalog,
         num_rounds: int,
         build_model: Callable[[str], nn.Module] | None = None,
-        distill_data: Tensor | Callable[[], Iterable[Tensor]] | None = None,
+        distill_data: Batch | Callable[[], Iterable[Batch]] | None = None,
         mode: Mode = "merged",
         alpha: float = 0.5,
         period: int = 200,
@@ -485,12 +538,12 @@ class CoDistillation(HeterogeneousStrategy):
         cfg = self.distill_cfg[pool]
         return linear_decay(cfg.lr, server_round, self.num_rounds) if cfg.decay else cfg.lr
 
-    def distillation_batches(self, pool: str, server_round: int) -> Iterable[Tensor]:
+    def distillation_batches(self, pool: str, server_round: int) -> Iterable[Batch]:
         """Unlabeled batches for student ``pool`` in ``server_round``."""
         data = self.distill_data
         if data is None:
             raise CodistConfigError("no distillation data was given")
-        if isinstance(data, Tensor):
+        if isinstance(data, Tensor | Mapping):
             cfg = self.distill_cfg[pool]
             return sample_batches(
                 data, steps=cfg.steps, batch_size=cfg.batch_size, seed=self.seed * 1_000_003 + server_round

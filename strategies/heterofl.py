@@ -374,6 +374,12 @@ class CoverageMean:
                 )
         return w
 
+    def _covers_all(self, name: str, index_sets: IndexSets) -> bool:
+        """Whether a pattern with these index sets covers every element of tensor ``name``."""
+        return all(
+            g is None or len(index_sets[g]) == d for g, d in zip(self.rules.axes[name], self.shapes[name], strict=True)
+        )
+
     def _sub_shape(self, name: str, index_sets: IndexSets) -> tuple[int, ...]:
         groups = self.rules.axes[name]
         return tuple(d if g is None else len(index_sets[g]) for g, d in zip(groups, self.shapes[name], strict=True))
@@ -393,7 +399,16 @@ class CoverageMean:
             if name not in self.sums:
                 out[name] = prev
                 continue
-            s, w = self.sums[name], self.coverage(name)
+            s = self.sums[name]
+            full = [self._covers_all(name, p[0]) for p in self._patterns.values() if name in p[2]]
+            if all(full):  # every pattern covers the whole tensor: W is one number
+                total = sum(p[3] for p in self._patterns.values() if name in p[2])
+                out[name] = s.div_(total).to(prev.dtype)
+                continue
+            w = self.coverage(name)
+            if any(full):  # some pattern covers every element: no element keeps its old value
+                out[name] = s.div_(w).to(prev.dtype)
+                continue
             uncovered = w == 0
             s.div_(w.masked_fill_(uncovered, 1.0))  # in place: S / W on covered elements
             out[name] = torch.where(uncovered, prev.to(device=s.device, dtype=s.dtype), s).to(prev.dtype)

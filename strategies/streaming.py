@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor
 
 
@@ -27,7 +28,8 @@ class StreamingMean:
         for key, t in tensors.items():
             acc = self.sums.get(key)
             if acc is None:
-                self.sums[key] = t.to(dtype=t.dtype, copy=True).mul_(weight)
+                # one pass (a copy, then an in-place multiply, would be two)
+                self.sums[key] = torch.mul(t, weight) if t.is_floating_point() else t.clone().mul_(weight)
                 self.weights[key] = weight
             else:
                 acc.add_(t, alpha=weight)

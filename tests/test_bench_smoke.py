@@ -74,3 +74,86 @@ def test_transformer_replies_skip_frozen_word_embeddings() -> None:
     ref = coverage_aggregate(work.full, work.rules, [(r.params, r.rate, 0, r.weight) for r in work.replies])
     for name, t in ref.items():
         torch.testing.assert_close(run.heterofl_result[name], t, rtol=0, atol=0)
+
+
+# --- bench.aggregation, bench.server_memory, bench.communication, bench.tier_memory, bench.simulation ---
+
+
+def test_aggregation_smoke_report_and_references_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.aggregation import BARE, FLOWER, methods_for
+    from bench.aggregation import main as agg_main
+
+    report = agg_main(["--smoke", "--models", "tiny"])
+    out = capsys.readouterr().out
+    assert "tiny, R=3, homogeneous" in out and "tiny, R=3, mixed" in out
+    cases = {(c["model"], c["scenario"]): c for c in report["cases"]}
+    homo, mixed = cases["tiny", "homogeneous"], cases["tiny", "mixed"]
+    assert set(homo["methods"]) == {*methods_for("tiny"), BARE, FLOWER}
+    assert FLOWER not in mixed["methods"]
+    for case in (homo, mixed):
+        for name, m in case["methods"].items():
+            assert m["best_s"] > 0 and m["reply_bytes"] > 0, name
+            assert m["x_bare"] is not None and m["x_bare"] > 0, name
+    assert homo["methods"][BARE]["x_bare"] == 1.0 and homo["methods"][FLOWER]["x_flower"] == 1.0
+
+
+def test_aggregation_bench_replies_are_accepted_and_plain_means_match_flower() -> None:
+    import numpy as np
+
+    from bench.aggregation import array_view, bare_weighted_sum, build_round, flower_fedavg
+
+    r = build_round("tiny", "heterofl", 3, scenario="homogeneous")
+    for msg in r.replies:  # the zero-copy view reads exactly what Array.numpy() decodes
+        for arr in msg.content.array_records["arrays"].values():
+            assert np.array_equal(array_view(arr).numpy(), arr.numpy())
+    bare = bare_weighted_sum(r.replies, r.variants)["strong"]
+    flower = flower_fedavg(r.flower_replies)
+    assert flower is not None
+    r.reset()
+    arrays, _ = r.strategy.aggregate_train(1, r.replies)
+    assert arrays is not None and r.strategy.report(1).rejected == []
+    for name, t in bare.items():
+        # HeteroFL over rate-1 replies is the plain example-weighted mean: = bare sum = Flower's FedAvg
+        torch.testing.assert_close(r.strategy.state["global"][name], t, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.from_numpy(flower[name].numpy()), t, rtol=1e-5, atol=1e-6)
+
+
+def test_server_memory_child_measures_one_lazy_round() -> None:
+    from bench.server_memory import child
+
+    row = child("tiny", "inclusivefl", 3, "mixed")
+    assert row["replies"] == 3 and row["peak_mb"] >= row["baseline_mb"] and row["server_state_mb"] > 0
+
+
+def test_communication_bytes_follow_the_variants() -> None:
+    from bench.communication import sparse_bytes, tier_bytes
+
+    rows = {r["variant"]: r for r in tier_bytes("tiny", "heterofl")}
+    assert rows["weak"]["up_bytes"] < rows["medium"]["up_bytes"] < rows["strong"]["up_bytes"]
+    for r in rows.values():  # the payload plus one .npy header (<= 256 B) per tensor
+        assert r["up_tensor_bytes"] < r["up_bytes"] <= r["down_bytes"]
+    sparse = sparse_bytes("tiny", "inclusivefl", [0.5])
+    if sparse:  # models.sparse present
+        assert all(s["sparse_bytes"] < s["dense_bytes"] for s in sparse)
+
+
+def test_tier_memory_child_reports_estimate_and_measurement() -> None:
+    from bench.tier_memory import child
+
+    row = child("tiny-depth", "weak", 1)
+    assert row["estimated_mb"] > 0 and row["measured_mb"] >= 0 and row["params"] > 0
+
+
+def test_simulation_bare_loop_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.simulation import main as sim_main
+
+    rows = sim_main(["overhead", "--smoke"])["bare_rounds"]
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["train_s"] > 0 and r["total_s"] >= r["train_s"] for r in rows)
+
+
+def test_scale_server_child_samples_per_round_from_all_nodes() -> None:
+    from bench.scale_server import child
+
+    row = child(12, 4, 2, "tiny")
+    assert row["per_round"] == [4, 4] and len(row["round_s"]) == 2 and row["peak_growth_mb"] >= 0

@@ -132,8 +132,10 @@ def test_flexifed_methods_need_architectures_or_depth_tiers() -> None:
 
 def test_codist_methods_and_model_go_together() -> None:
     base = {**pyproject_config(), "num-labels": 10, "dataset": "embedded:fashion_mnist"}
-    with pytest.raises(ConfigError, match=r"'method'.*co-distillation"):
-        RunConfig.from_flower({**base, "method": "codist-merged"})
+    with pytest.raises(ConfigError, match=r"'method'.*needs a co-distillation method"):
+        RunConfig.from_flower({**base, "model": "codist-cnn", "method": "heterofl", "tiers": "small:large"})
+    with pytest.raises(ConfigError, match=r"'method'.*pools are model sizes"):
+        RunConfig.from_flower({**base, "model": "conv", "method": "codist-merged"})
     with pytest.raises(ConfigError, match=r"'tiers'.*pools"):
         RunConfig.from_flower({**base, "model": "codist-cnn", "method": "codist-merged", "tiers": "weak:medium:strong"})
     cfg = RunConfig.from_flower(

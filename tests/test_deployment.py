@@ -11,6 +11,7 @@ from tests.flower_runs import TINY, read_rounds, tiny_budgets, tiny_depths
 
 
 @pytest.mark.slow
+@pytest.mark.deploy
 @pytest.mark.timeout(900)
 def test_loopback_deployment_one_round_each_node_gets_its_tier(tmp_path: Path) -> None:
     outcome = run_loopback(

@@ -1,0 +1,150 @@
+"""pFedKnow rounds in one process: the real strategy and client round, without the Flower transport.
+
+Usage: ``python -m bench.pfedknow_inprocess CONFIG.toml METHOD [METHOD ...]`` (e.g.
+``deploy/configs/pfedknow-iid.toml pfedknow pfedknow-as1 pfedknow-as2 pfedknow-as3 pfedknow-as4``).
+Every client of the config's partitioning is a node; each round the strategy samples, encodes
+its messages, every sampled client runs :func:`client.pfedknow.pfedknow_round` on its unlabeled
+partition, and the replies (Flower ``RecordDict`` contents; only the message envelope is a stand-in)
+go through the strategy's real validation and aggregation.  After every round each client's
+personalized model is evaluated on the client's local test split.  Prints one JSON line per
+method and round (mean personalized accuracy, upload saving, pseudo-labels kept, ...), then a
+``RESULT`` line per method.  Used for the README's pFedKnow table when the Ray simulation was
+not available; ``python -m deploy.experiments pfedknow-table3`` runs the same comparison in Flower.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import tomllib
+from typing import Any
+from unittest.mock import Mock
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from client.pfedknow import local_unlabeled, pfedknow_round
+from models.data import load_partition
+from models.training import evaluate_classifier
+from server.app import build_strategy
+from server.config import RunConfig
+from strategies.base import NodeProfile
+from strategies.pfedknow import PFedKnow
+
+TaskIdentity._run_id = 1  # type: ignore[attr-defined]
+TaskIdentity._node_id = 0  # type: ignore[attr-defined]
+TaskIdentity._task_id = 1  # type: ignore[attr-defined]
+
+
+def run(path: str, method: str, num_clients: int = 10) -> dict[str, object]:
+    """Run ``method`` with the settings of ``path``; return its per-round rows."""
+    with open(path, "rb") as f:
+        table = tomllib.load(f)
+    cfg = RunConfig.from_flower({**table, "method": method})
+    family = cfg.family()
+    variant = cfg.catalog.largest
+    shapes = {p.name: tuple(p.shape) for p in variant.layout}
+    spec = cfg.data_spec()
+    s = build_strategy(cfg)
+    assert isinstance(s, PFedKnow), f"{method!r} is not a pFedKnow method"
+    torch.manual_seed(cfg.seed)
+    init = family.initial_states(cfg.catalog, seed=cfg.seed)
+    s.set_state({variant.name: init[variant.name]})
+    loaders = {}
+    for pid in range(num_clients):
+        train, test = load_partition(spec, pid, num_clients)
+        loaders[pid] = (
+            family.loader(train, batch_size=cfg.batch_size, shuffle=True, seed=spec.seed + pid),
+            family.loader(test, batch_size=cfg.eval_batch_size, shuffle=False),
+        )
+        s.profiles[pid + 1] = NodeProfile(
+            pid + 1, "iot", 1000.0, len(train), False, variant.name, "", key=f"partition-{pid}"
+        )
+    rows: list[dict[str, Any]] = []
+    t0 = time.time()
+    for r in range(1, cfg.num_server_rounds + 1):
+        if not s.initialized:
+            s.initialize(r)
+            accs0 = []
+            for pid in range(num_clients):
+                model = family.build(variant)
+                model.load_state_dict(dict(s.client_model(f"partition-{pid}")), strict=False)
+                _, acc0, _ = evaluate_classifier(family.for_evaluation(model, loaders[pid][0]), loaders[pid][1])
+                accs0.append(acc0)
+            print(json.dumps({"method": method, "round": 0, "acc-mean": float(np.mean(accs0))}), flush=True)
+            rows.append({"round": 0, "acc-mean": float(np.mean(accs0))})
+        nodes = s._sample(sorted(s.profiles), cfg.fraction_train, cfg.min_train_nodes)
+        s._sent_train = s._messages(nodes, r, ConfigRecord(), MessageType.TRAIN)
+        s.encode_messages(r)
+        replies = []
+        for i, rec in enumerate(s._sent_train.values()):
+            rec.message.metadata.__dict__["_message_id"] = f"r{r}-{i}"
+            pid = rec.node_id - 1
+            arrays = rec.message.content.array_records["arrays"]
+            cfgrec = rec.message.content.config_records["config"]
+            payload = {k: np.asarray(a.numpy()) for k, a in arrays.items()}
+            seed = (cfg.seed + 1_000_003 * r + pid) % (2**63)
+            torch.manual_seed(seed)
+            x = local_unlabeled(spec, pid, num_clients)
+            upload, metrics = pfedknow_round(
+                family.build(variant),
+                payload,
+                shapes,
+                x,
+                cfgrec,
+                settings=cfg.train_settings(),
+                batch_size=cfg.batch_size,
+                seed=seed,
+            )
+            m = Mock(spec=Message)
+            m.content = RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(v) for k, v in upload.items()}),
+                    "metrics": MetricRecord({"num-examples": int(x.shape[0]), **metrics}),
+                    "config": ConfigRecord({"variant": cfgrec["variant"], "server-round": r}),
+                }
+            )
+            m.metadata = Mock(reply_to_message_id=f"r{r}-{i}", src_node_id=rec.node_id)
+            m.has_error.return_value = False
+            replies.append(m)
+        s.aggregate_train(r, replies)
+        accs = []
+        for pid in range(num_clients):
+            model = family.build(variant)
+            model.load_state_dict(dict(s.client_model(f"partition-{pid}")), strict=False)
+            train_loader, test_loader = loaders[pid]
+            _, acc, _ = evaluate_classifier(family.for_evaluation(model, train_loader), test_loader)
+            accs.append(acc)
+        g = s.report(r).groups[variant.name]
+        rows.append(
+            {
+                "round": r,
+                "acc-mean": float(np.mean(accs)),
+                "upload-saving": g.get("upload-saving"),
+                "payload-saving": g.get("payload-saving"),
+                "bytes-up": g.get("bytes-up"),
+                "bytes-up-dense": g.get("bytes-up-dense"),
+                "pseudo-kept": g.get("pseudo-kept"),
+                "kept-weights": g.get("kept-weights"),
+                "prune-ratio": g.get("prune-ratio"),
+                "rejected": len(s.report(r).rejected),
+                "elapsed": round(time.time() - t0, 1),
+            }
+        )
+        print(json.dumps({"method": method, **rows[-1]}), flush=True)
+    return {"method": method, "config": path, "rows": rows}
+
+
+def main() -> None:
+    """Command line: ``CONFIG.toml METHOD [METHOD ...]``."""
+    torch.set_num_threads(1)
+    for method in sys.argv[2:]:
+        out = run(sys.argv[1], method)
+        print("RESULT", json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

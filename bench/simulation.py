@@ -1,0 +1,278 @@
+"""Framework overhead and scale of real Ray simulations (``flwr run`` via ``deploy.launch``).
+
+``overhead``
+    A simulation of ``--clients`` virtual clients, every one training the same variant
+    (``method="all-large"``), ``--rounds`` rounds, no federated evaluation, one client at a time
+    (``client-resources-num-cpus=2`` on this 2-core machine, so Ray runs the ClientApps
+    serially); the round's wall time comes from the run's ``rounds.jsonl`` (``seconds``, from
+    ``configure_train`` to the end of the round: messages, training, aggregation, the server's
+    central evaluation).  Against it, in a fresh process, the *same local training as a bare
+    PyTorch loop over the same clients*: per client its data partition (the client's own
+    loaders), the variant built and loaded with the round's weights, ``train_classifier`` with
+    the run's settings -- everything the ClientApp does except Flower.  Flower's share of a
+    round after warm-up (rounds >= 2) is ``1 - bare / round``.
+``scale``
+    ``--clients`` virtual clients (e.g. 100 and 1000), 20 sampled per round, 2 rounds, the tiny
+    model: the round time of every round and the peak resident memory of the simulation's
+    server process (``flwr-simulation``: ServerApp + Ray driver), sampled every 0.2 s.  Round 1
+    includes the handshake, which queries every node once; round 2 is the steady state.
+
+Every simulation runs under ``flock /tmp/hetfl-sim.lock`` (one simulation at a time on this
+shared machine).  Run ``python -m bench.simulation --help``; ``--smoke`` runs only the bare
+loop part on 2 clients (no Ray), which is what the test suite covers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from bench.common import write_report
+
+LOCK = Path("/tmp/hetfl-sim.lock")
+#: Tiny model, a real amount of local training, no federated evaluation, small server test set.
+BASE = (
+    "model='tiny' method='all-large' server-test-size=100 eval-batch-size=32 client-test-fraction=0.2 "
+    "fraction-evaluate=0.0"
+)
+
+
+@contextmanager
+def sim_lock() -> Iterator[None]:
+    """Hold ``/tmp/hetfl-sim.lock`` (``flock``) for the duration."""
+    with LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _proc_rss_mb(pattern: str) -> float:
+    """Summed resident memory of this user's processes whose command line contains ``pattern``."""
+    total = 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if pattern not in cmd or "bench.simulation" in cmd:
+                continue
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class ProcessPeak:
+    """Background sampler of :func:`_proc_rss_mb` (the simulation's server process)."""
+
+    def __init__(self, pattern: str = "flwr-simulation", interval: float = 0.2) -> None:
+        self.pattern, self.interval, self.peak = pattern, interval, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _proc_rss_mb(self.pattern))
+            time.sleep(self.interval)
+
+    def __enter__(self) -> ProcessPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def simulate(clients: int, run_config: str, name: str, *, cpus_per_client: float, timeout: float) -> dict[str, Any]:
+    """One ``flwr run`` simulation under the lock; its rounds and the server process's peak RSS."""
+    from deploy.launch import run_simulation
+    from tests.flower_runs import read_rounds
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))
+    with sim_lock():
+        start = time.time()
+        with ProcessPeak() as peak:
+            outcome = run_simulation(
+                supernodes=clients,
+                run_config=run_config,
+                results_dir=tmp,
+                run_name=name,
+                flwr_home=tmp / "flwr-home",
+                cpus_per_client=cpus_per_client,
+                timeout=timeout,
+                echo=False,
+            )
+        wall = time.time() - start
+    if not outcome.ok:
+        raise RuntimeError(f"simulation {name} failed:\n{outcome.log[-3000:]}")
+    rows = read_rounds(outcome.results)
+    return {"clients": clients, "wall_s": wall, "server_peak_rss_mb": peak.peak, "rounds": rows[1:]}
+
+
+def bare_loop(clients: int, run_config: str, rounds: int) -> list[dict[str, float]]:
+    """The clients' local training without Flower, client after client, ``rounds`` times.
+
+    Per round: ``build`` (variant rebuilt and loaded with the round's weights, as the ClientApp
+    does) and ``train`` (``train_classifier`` on the client's own loader, the run's settings);
+    the loaders come from the client's own (cached) ``local_loaders``.  Weights are the plain
+    mean of the returned models, so later rounds start from trained weights as in the run.
+    """
+    import torch
+
+    from client.app import local_loaders
+    from client.app import run_config as client_run_config
+    from models.training import train_classifier
+
+    settings = dict(kv.split("=", 1) for kv in _split(run_config))
+    ctx = SimpleNamespace(run_config={k: _value(v) for k, v in settings.items()}, node_config={})
+    cfg = client_run_config(ctx)  # type: ignore[arg-type]
+    variant = cfg.catalog.largest
+    family = cfg.family()
+    state = family.initial_states(cfg.catalog, seed=cfg.seed)[variant.name]
+    out = []
+    for r in range(rounds):
+        build = train = 0.0
+        new: dict[str, torch.Tensor] = {}
+        for pid in range(clients):
+            ctx.node_config = {"partition-id": pid, "num-partitions": clients}
+            torch.manual_seed(cfg.seed + 1000 * r + pid)
+            t0 = time.perf_counter()
+            loader, _, _ = local_loaders(ctx, cfg)  # type: ignore[arg-type]
+            model = family.build(variant)
+            model.load_state_dict(state, strict=False)
+            t1 = time.perf_counter()
+            train_classifier(model, loader, cfg.train_settings())
+            t2 = time.perf_counter()
+            build, train = build + t1 - t0, train + t2 - t1
+            for k, v in model.state_dict().items():
+                new[k] = v.detach().clone() / clients if k not in new else new[k] + v.detach() / clients
+        state = {k: new.get(k, t) for k, t in state.items()}
+        out.append({"round": r + 1, "build_s": build, "train_s": train, "total_s": build + train})
+    return out
+
+
+def _split(run_config: str) -> list[str]:
+    import shlex
+
+    return shlex.split(run_config)
+
+
+def _value(v: str) -> object:
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def overhead(a: argparse.Namespace) -> dict[str, Any]:
+    """Flower's share of a round after warm-up."""
+    rc = (
+        f"{BASE} num-server-rounds={a.rounds} local-steps={a.local_steps} batch-size={a.batch_size} "
+        f"min-available-nodes={a.clients}"
+    )
+    bare = bare_loop(a.clients, rc, a.rounds)
+    sim = simulate(a.clients, rc, "overhead", cpus_per_client=2.0, timeout=a.timeout)
+    sim_rounds = [float(r["seconds"]) for r in sim["rounds"]]
+    client_train = [
+        sum(float(t.get("train-seconds", 0.0)) * float(t.get("clients", 0.0)) for t in r["tiers"].values())
+        for r in sim["rounds"]
+    ]
+    bare_rounds = [b["total_s"] for b in bare]
+    after = slice(1, None)  # rounds >= 2
+    sim_ss = statistics.median(sim_rounds[after])
+    bare_ss = statistics.median(bare_rounds[after])
+    report = {
+        "run_config": rc,
+        "clients": a.clients,
+        "sim_round_s": sim_rounds,
+        "client_handler_s": client_train,
+        "bare_round_s": bare_rounds,
+        "bare_rounds": bare,
+        "flower_share_after_warmup": 1.0 - bare_ss / sim_ss,
+        "sim_wall_s": sim["wall_s"],
+    }
+    print(f"run config: {rc}; {a.clients} clients, serial (client-resources-num-cpus=2)")
+    print(f"{'round':>5}{'sim round s':>13}{'ClientApp train s':>19}{'bare loop s':>13}{'flower share':>14}")
+    for i, (s, c, b) in enumerate(zip(sim_rounds, client_train, bare_rounds, strict=False)):
+        print(f"{i + 1:>5}{s:>13.2f}{c:>19.2f}{b:>13.2f}{1 - b / s:>14.1%}")
+    print(f"Flower's share after warm-up (median of rounds >= 2): {report['flower_share_after_warmup']:.1%}")
+    return report
+
+
+def scale(a: argparse.Namespace) -> dict[str, Any]:
+    """Round time and server memory at each client count, 20 clients per round."""
+    results = []
+    print(f"{'clients':>8}{'per round':>10}{'round 1 s':>11}{'round 2 s':>11}{'server peak RSS MB':>20}{'wall s':>8}")
+    for n in (int(x) for x in a.clients_list.split(",")):
+        rc = (
+            f"{BASE} num-server-rounds={a.rounds} local-steps={a.local_steps} batch-size={a.batch_size} "
+            f"fraction-train={a.per_round / n} min-train-nodes={a.per_round} min-available-nodes={n}"
+        )
+        sim = simulate(n, rc, f"scale-{n}", cpus_per_client=1.0, timeout=a.timeout)
+        secs = [float(r["seconds"]) for r in sim["rounds"]]
+        clients = [sum(int(t.get("clients", 0)) for t in r["tiers"].values()) for r in sim["rounds"]]
+        results.append(
+            {
+                "clients": n,
+                "run_config": rc,
+                "round_s": secs,
+                "trained": clients,
+                **{k: sim[k] for k in ("wall_s", "server_peak_rss_mb")},
+            }
+        )
+        print(
+            f"{n:>8}{clients[-1]:>10}{secs[0]:>11.2f}{secs[-1]:>11.2f}{sim['server_peak_rss_mb']:>20.0f}{sim['wall_s']:>8.0f}",
+            flush=True,
+        )
+    return {"scale": results}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command line of :func:`main`."""
+    p = argparse.ArgumentParser(prog="python -m bench.simulation", description=(__doc__ or "").split("\n")[0])
+    p.add_argument("mode", choices=("overhead", "scale"))
+    p.add_argument("--clients", type=int, default=4, help="overhead: virtual clients")
+    p.add_argument("--clients-list", default="100,1000", help="scale: client counts")
+    p.add_argument("--per-round", type=int, default=20, help="scale: clients sampled per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--local-steps", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--smoke", action="store_true", help="overhead's bare loop only: 2 clients, 2 rounds, 1 step")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the chosen mode and print its table."""
+    a = parse_args(argv)
+    if a.smoke:
+        rc = f"{BASE} num-server-rounds=2 local-steps=1 batch-size=4"
+        rows = bare_loop(2, rc, 2)
+        print(json.dumps(rows))
+        return {"bare_rounds": rows}
+    report = overhead(a) if a.mode == "overhead" else scale(a)
+    write_report(a.json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

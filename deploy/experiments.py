@@ -1,0 +1,809 @@
+"""Run a named experiment suite over several seeds and write paper-style tables and plots.
+
+Usage::
+
+    python -m deploy.experiments SUITE [--preset cpu|paper] [--seeds N] [--out DIR]
+                                       [--only LABEL ...] [--lock FILE] [--dry-run | --report-only]
+    python -m deploy.experiments --list
+
+A *suite* (``deploy/suites/<name>.toml``) is data: a list of runs (one table row each: a label,
+an optional run-config file from ``deploy/configs/`` and ``key = value`` overrides) and presets
+(``cpu``: sized for a 2-core machine, minutes to an hour; ``paper``: the papers' models, clients and
+rounds). Every run of every seed goes through :func:`deploy.launch.run_simulation`, one after the
+other; a run whose results folder already holds a ``summary.csv`` written for the same run config
+is skipped, so an interrupted suite resumes where it stopped.
+
+Run-config precedence (later wins): the run's ``config`` file, the preset's overrides, the run's
+overrides, then ``seed`` and the results folder.
+
+Outputs under ``--out`` (default ``results/experiments/<suite>-<preset>``): ``runs/<run-name>/``
+(each run's own results folder), ``table.md`` and ``table.csv`` (final and best value of the
+suite's metric, mean and standard error over seeds, per run label and tier; rounds-to-best; wall
+time), ``convergence.png`` (mean curve per label, one panel per tier, +/- one standard error).
+
+The aggregation and writing functions below are pure (inputs in, text or a file out) so they are
+tested on fixed fake results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import fcntl
+import io
+import json
+import math
+import re
+import shlex
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy.launch import _PAIR, ROOT, _toml_value, merge_overrides, run_simulation
+
+SUITES_DIR = ROOT / "deploy" / "suites"
+#: ``seed`` of a suite's first seed; seed ``i`` (0-based) runs with ``BASE_SEED + i``.
+BASE_SEED = 42
+
+Scalar = str | int | float | bool
+
+
+class SuiteError(ValueError):
+    """A suite file is malformed (the message names the file and the key)."""
+
+
+# --------------------------------------------------------------------------------- suite data
+@dataclass(frozen=True)
+class SuiteRun:
+    """One row of a suite's table: a method or variant.
+
+    Parameters
+    ----------
+    label : str
+        Row name in tables and plots (unique within the suite).
+    config : Path or None
+        Run-config TOML file (flat ``key = value``), e.g. ``deploy/configs/cnn-heterofl-a-e.toml``.
+    overrides : Mapping[str, Scalar]
+        Run-config keys that define the variant (``method``, ``beta``, ``tier-proportions``, ...).
+
+    """
+
+    label: str
+    config: Path | None = None
+    overrides: Mapping[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How large a suite's runs are.
+
+    Parameters
+    ----------
+    name : str
+        ``cpu`` or ``paper`` (any name a suite defines).
+    supernodes : int
+        Virtual clients (``num-supernodes`` of the simulation).
+    seeds : int
+        Default number of seeds (``--seeds`` overrides).
+    overrides : Mapping[str, Scalar]
+        Run-config keys applied to every run (rounds, model size, data sizes).
+    notes : str
+        What the preset reproduces and where its numbers come from.
+    cpus_per_client : float
+        Ray CPUs per virtual client.
+    timeout_s : float
+        Wall-clock limit of one run.
+
+    """
+
+    name: str
+    supernodes: int
+    seeds: int = 3
+    overrides: Mapping[str, Scalar] = field(default_factory=dict)
+    notes: str = ""
+    cpus_per_client: float = 1.0
+    timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A named set of runs compared in one table.
+
+    Parameters
+    ----------
+    name : str
+    description : str
+    paper : str
+        The claim or table the suite reproduces (its direction is what ``docs/RESULTS.md`` checks).
+    metric : str
+        Per-tier key of ``rounds.jsonl`` the table reports (``local-accuracy``: the tier's model on
+        the server's test set; ``fed-accuracy``: on the clients' own test splits).
+    runs : tuple[SuiteRun, ...]
+    presets : Mapping[str, Preset]
+
+    """
+
+    name: str
+    description: str
+    paper: str
+    metric: str
+    runs: tuple[SuiteRun, ...]
+    presets: Mapping[str, Preset]
+
+
+def _scalars(table: object, where: str) -> dict[str, Scalar]:
+    if not isinstance(table, dict):
+        raise SuiteError(f"{where}: expected a table of key = value, got {table!r}")
+    out: dict[str, Scalar] = {}
+    for key, value in table.items():
+        if not isinstance(value, str | int | float | bool):
+            raise SuiteError(f"{where}.{key}: run-config values are strings, numbers or booleans, got {value!r}")
+        out[key] = value
+    return out
+
+
+def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Suite:
+    """Build a :class:`Suite` from a parsed suite TOML document.
+
+    Parameters
+    ----------
+    name : str
+        Suite name (the file's stem).
+    data : Mapping[str, Any]
+        The TOML document: ``description``, ``paper``, ``metric``, optional default ``config``,
+        ``[presets.<name>]`` tables and ``[[runs]]`` entries.
+    base : Path
+        Folder that relative ``config`` paths are resolved against (the repository root).
+
+    Raises
+    ------
+    SuiteError
+        On a missing or malformed key, duplicate labels, or a config file that does not exist.
+
+    """
+    where = f"suite {name!r}"
+    known = {"description", "paper", "metric", "config", "presets", "runs"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SuiteError(f"{where}: unknown keys {unknown} (expected {sorted(known)})")
+
+    def config_path(value: object, at: str) -> Path | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise SuiteError(f"{at}.config: expected a path string, got {value!r}")
+        path = (base / value).resolve()
+        if not path.is_file():
+            raise SuiteError(f"{at}.config: no such run-config file {value!r}")
+        return path
+
+    default_config = config_path(data.get("config"), where)
+    raw_runs = data.get("runs")
+    if not isinstance(raw_runs, list) or not raw_runs:
+        raise SuiteError(f"{where}: needs at least one [[runs]] entry")
+    runs: list[SuiteRun] = []
+    for i, raw in enumerate(raw_runs):
+        at = f"{where} runs[{i}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("label"), str) or not raw["label"]:
+            raise SuiteError(f"{at}: needs a non-empty 'label'")
+        extra = sorted(set(raw) - {"label", "config", "overrides"})
+        if extra:
+            raise SuiteError(f"{at}: unknown keys {extra}")
+        cfg = config_path(raw["config"], at) if "config" in raw else default_config
+        runs.append(SuiteRun(raw["label"], cfg, _scalars(raw.get("overrides", {}), f"{at}.overrides")))
+    labels = [r.label for r in runs]
+    if len(set(labels)) != len(labels):
+        raise SuiteError(f"{where}: run labels must be unique, got {labels}")
+    raw_presets = data.get("presets")
+    if not isinstance(raw_presets, dict) or not raw_presets:
+        raise SuiteError(f"{where}: needs at least one [presets.<name>] table")
+    presets: dict[str, Preset] = {}
+    for pname, raw in raw_presets.items():
+        at = f"{where} presets.{pname}"
+        if not isinstance(raw, dict) or not isinstance(raw.get("supernodes"), int) or raw["supernodes"] < 1:
+            raise SuiteError(f"{at}: needs 'supernodes' (a positive integer)")
+        extra = sorted(set(raw) - {"supernodes", "seeds", "overrides", "notes", "cpus-per-client", "timeout-s"})
+        if extra:
+            raise SuiteError(f"{at}: unknown keys {extra}")
+        seeds = raw.get("seeds", 3)
+        if not isinstance(seeds, int) or seeds < 1:
+            raise SuiteError(f"{at}.seeds: expected a positive integer, got {seeds!r}")
+        presets[pname] = Preset(
+            name=pname,
+            supernodes=raw["supernodes"],
+            seeds=seeds,
+            overrides=_scalars(raw.get("overrides", {}), f"{at}.overrides"),
+            notes=str(raw.get("notes", "")),
+            cpus_per_client=float(raw.get("cpus-per-client", 1.0)),
+            timeout_s=float(raw.get("timeout-s", 3600.0)),
+        )
+    return Suite(
+        name=name,
+        description=str(data.get("description", "")),
+        paper=str(data.get("paper", "")),
+        metric=str(data.get("metric", "local-accuracy")),
+        runs=tuple(runs),
+        presets=presets,
+    )
+
+
+def available_suites(folder: Path = SUITES_DIR) -> list[str]:
+    """Names of the suites in ``folder`` (file stems of ``*.toml``), sorted."""
+    return sorted(p.stem for p in folder.glob("*.toml"))
+
+
+def load_suite(name: str, folder: Path = SUITES_DIR) -> Suite:
+    """Read ``folder/<name>.toml`` (or a path to a suite file) into a :class:`Suite`."""
+    path = Path(name) if name.endswith(".toml") else folder / f"{name}.toml"
+    if not path.is_file():
+        raise SuiteError(f"unknown suite {name!r}; available: {', '.join(available_suites(folder))}")
+    with path.open("rb") as f:
+        return parse_suite(path.stem, tomllib.load(f))
+
+
+# --------------------------------------------------------------------------------- planning
+@dataclass(frozen=True)
+class PlannedRun:
+    """One simulation to launch: a suite run at one seed."""
+
+    label: str
+    seed: int
+    run_name: str
+    run_config: str
+    supernodes: int
+    cpus_per_client: float
+    timeout_s: float
+
+
+def slug(text: str) -> str:
+    """Lower-case ``text`` with every run of other characters than ``[a-z0-9.]`` as one ``-``."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+
+
+def _pairs(values: Mapping[str, Scalar]) -> str:
+    return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())
+
+
+def run_config_values(run: SuiteRun, preset: Preset, seed: int) -> dict[str, Scalar]:
+    """Run-config keys of ``run`` at ``seed``: config file < preset < run overrides < ``seed``."""
+    values: dict[str, Scalar] = {}
+    if run.config is not None:
+        with run.config.open("rb") as f:
+            values.update(_scalars(tomllib.load(f), str(run.config)))
+    values.update(preset.overrides)
+    values.update(run.overrides)
+    values["seed"] = seed
+    return values
+
+
+def run_config_for(run: SuiteRun, preset: Preset, seed: int) -> str:
+    """:func:`run_config_values` as the ``k=v`` string ``flwr run --run-config`` takes."""
+    return merge_overrides(_pairs(run_config_values(run, preset, seed)))
+
+
+def plan_runs(suite: Suite, preset: str, seeds: int, only: Sequence[str] = ()) -> list[PlannedRun]:
+    """Every (run, seed) of ``suite`` under ``preset``, seed-major (all labels of seed 1 first).
+
+    Seed-major order makes a suite that is stopped early still give every label the same number
+    of seeds.
+    """
+    if preset not in suite.presets:
+        raise SuiteError(f"suite {suite.name!r} has no preset {preset!r} (has {sorted(suite.presets)})")
+    p = suite.presets[preset]
+    runs = [r for r in suite.runs if not only or r.label in only or slug(r.label) in only]
+    if only and not runs:
+        raise SuiteError(f"--only {list(only)} matches no run of {suite.name!r}: {[r.label for r in suite.runs]}")
+    planned = []
+    for i in range(seeds):
+        seed = BASE_SEED + i
+        for run in runs:
+            planned.append(
+                PlannedRun(
+                    label=run.label,
+                    seed=seed,
+                    run_name=f"{slug(run.label)}-s{seed}",
+                    run_config=run_config_for(run, p, seed),
+                    supernodes=p.supernodes,
+                    cpus_per_client=p.cpus_per_client,
+                    timeout_s=p.timeout_s,
+                )
+            )
+    return planned
+
+
+def is_done(runs_dir: Path, planned: PlannedRun) -> bool:
+    """Whether ``planned`` already finished with the same run config and supernodes."""
+    folder = runs_dir / planned.run_name
+    marker = folder / "experiment.json"
+    if not all((folder / name).is_file() for name in ("summary.csv", "rounds.jsonl", "experiment.json")):
+        return False
+    try:
+        saved = json.loads(marker.read_text())
+    except json.JSONDecodeError:
+        return False
+    return (
+        same_run_config(str(saved.get("run-config", "")), planned.run_config)
+        and saved.get("supernodes") == planned.supernodes
+    )
+
+
+def same_run_config(a: str, b: str) -> bool:
+    """Whether two ``k=v`` run-config strings set the same keys to the same values (in any order)."""
+    return dict(_PAIR.findall(a)) == dict(_PAIR.findall(b))
+
+
+# --------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class RunResult:
+    """One finished run, reduced to what the tables need.
+
+    Parameters
+    ----------
+    label : str
+    seed : int
+    curves : Mapping[str, Mapping[int, float]]
+        ``curves[tier][round]`` = the suite's metric for that tier after that round (round 0 =
+        the initial models); rounds where the tier was not measured are absent.
+    seconds : float
+        Wall time of the run (the last round's ``elapsed``).
+    tiers : tuple[str, ...]
+        Tier order of the run's config (weakest first).
+
+    """
+
+    label: str
+    seed: int
+    curves: Mapping[str, Mapping[int, float]]
+    seconds: float = 0.0
+    tiers: tuple[str, ...] = ()
+
+
+def read_run(folder: Path, *, label: str, seed: int, metric: str) -> RunResult:
+    """Read ``folder/rounds.jsonl`` (and ``config.json`` for the tier order) into a :class:`RunResult`."""
+    curves: dict[str, dict[int, float]] = {}
+    seconds = 0.0
+    for line in (folder / "rounds.jsonl").read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        seconds = float(row.get("elapsed", seconds))
+        for tier, vals in row.get("tiers", {}).items():
+            value = vals.get(metric)
+            if value is not None:
+                curves.setdefault(tier, {})[int(row["round"])] = float(value)
+    tiers: tuple[str, ...] = ()
+    cfg = folder / "config.json"
+    if cfg.is_file():
+        tiers = tuple(str(json.loads(cfg.read_text()).get("tiers", "")).replace(",", ":").split(":"))
+    return RunResult(label=label, seed=seed, curves=curves, seconds=seconds, tiers=tiers)
+
+
+def final_value(curve: Mapping[int, float]) -> float:
+    """Value at the last measured round: ``curve[max(curve)]``."""
+    return curve[max(curve)]
+
+
+def best_value(curve: Mapping[int, float]) -> float:
+    """Best value over all measured rounds: ``max_r curve[r]``."""
+    return max(curve.values())
+
+
+def rounds_to_best(curve: Mapping[int, float]) -> float:
+    r"""First round that reaches the curve's best value.
+
+    .. math:: r^\star = \min \{ r : \mathrm{curve}[r] = \max_{r'} \mathrm{curve}[r'] \}
+
+    Round 0 (the initial model) counts, so a tier that never improves has :math:`r^\star = 0`.
+    Returned as a float so it averages like the other statistics.
+    """
+    best = best_value(curve)
+    return float(min(r for r, v in curve.items() if v == best))
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    r"""Mean and standard error of the mean over seeds.
+
+    .. math::
+        \bar x = \frac{1}{n}\sum_{i=1}^n x_i, \qquad
+        s = \sqrt{\frac{1}{n-1}\sum_{i=1}^n (x_i - \bar x)^2}, \qquad
+        \mathrm{SE} = \frac{s}{\sqrt n}
+
+    (``s`` is the sample standard deviation, Bessel-corrected). With one value the standard error
+    is undefined and returned as NaN.
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is empty.
+
+    """
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_se needs at least one value")
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, math.nan
+    var = math.fsum((x - mean) ** 2 for x in values) / (n - 1)
+    return mean, math.sqrt(var) / math.sqrt(n)
+
+
+#: Per-curve statistics the tables report, by name.
+STATISTICS: dict[str, Callable[[Mapping[int, float]], float]] = {
+    "final": final_value,
+    "best": best_value,
+    "rounds-to-best": rounds_to_best,
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell: a statistic of one label and tier over seeds."""
+
+    label: str
+    tier: str
+    statistic: str
+    values: tuple[float, ...]
+    mean: float
+    se: float
+
+    @property
+    def n(self) -> int:
+        """Number of seeds."""
+        return len(self.values)
+
+
+def tier_order(results: Sequence[RunResult]) -> list[str]:
+    """Tiers in first-seen order, each run's config order first (weakest first), then the rest."""
+    seen: list[str] = []
+    for res in results:
+        for tier in (*res.tiers, *res.curves):
+            if tier in res.curves and tier not in seen:
+                seen.append(tier)
+    return seen
+
+
+def label_order(results: Sequence[RunResult]) -> list[str]:
+    """Labels in first-seen order."""
+    return list(dict.fromkeys(r.label for r in results))
+
+
+def summarize(results: Sequence[RunResult], statistic: str) -> list[Cell]:
+    """Aggregate ``statistic`` of every (label, tier) over seeds with :func:`mean_se`.
+
+    A tier a run never measured (e.g. ExclusiveFL's weak tier) gives no cell for that run.
+    """
+    fn = STATISTICS[statistic]
+    cells = []
+    for label in label_order(results):
+        for tier in tier_order(results):
+            values = tuple(fn(r.curves[tier]) for r in results if r.label == label and r.curves.get(tier))
+            if values:
+                mean, se = mean_se(values)
+                cells.append(Cell(label, tier, statistic, values, mean, se))
+    return cells
+
+
+def wall_times(results: Sequence[RunResult]) -> dict[str, tuple[float, float]]:
+    """Mean and standard error of each label's run wall time (seconds)."""
+    return {label: mean_se([r.seconds for r in results if r.label == label]) for label in label_order(results)}
+
+
+def format_mean_se(mean: float, se: float, digits: int = 3) -> str:
+    """``0.812 ± 0.004``; ``0.812`` when the standard error is undefined (one seed)."""
+    if math.isnan(se):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def markdown_table(
+    cells: Sequence[Cell], *, labels: Sequence[str], tiers: Sequence[str], digits: int = 3, first: str = "run"
+) -> str:
+    """Rows = labels, columns = tiers, each cell ``mean ± SE``; ``—`` where there is no cell."""
+    by_key = {(c.label, c.tier): c for c in cells}
+    lines = [
+        "| " + " | ".join([first, *tiers, "seeds"]) + " |",
+        "| " + " | ".join(["---"] * (len(tiers) + 2)) + " |",
+    ]
+    for label in labels:
+        row = [label]
+        ns = set()
+        for tier in tiers:
+            cell = by_key.get((label, tier))
+            row.append(format_mean_se(cell.mean, cell.se, digits) if cell else "—")
+            if cell:
+                ns.add(cell.n)
+        row.append("/".join(str(n) for n in sorted(ns)) or "0")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = ("suite", "preset", "label", "tier", "metric", "statistic", "n", "mean", "se", "values")
+
+
+def csv_table(cells: Sequence[Cell], *, suite: str, preset: str, metric: str) -> str:
+    """Long-format CSV: one line per (label, tier, statistic) with ``n``, ``mean``, ``se``, the values."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for c in cells:
+        w.writerow(
+            {
+                "suite": suite,
+                "preset": preset,
+                "label": c.label,
+                "tier": c.tier,
+                "metric": metric,
+                "statistic": c.statistic,
+                "n": c.n,
+                "mean": repr(c.mean),
+                "se": "" if math.isnan(c.se) else repr(c.se),
+                "values": " ".join(repr(v) for v in c.values),
+            }
+        )
+    return buf.getvalue()
+
+
+def report_markdown(suite: Suite, preset: str, results: Sequence[RunResult], *, command: str = "") -> str:
+    """The suite's full markdown report: final, best, rounds-to-best and wall time tables."""
+    labels, tiers = label_order(results), tier_order(results)
+    p = suite.presets.get(preset)
+    out = [f"# {suite.name} ({preset} preset)", ""]
+    if suite.description:
+        out += [suite.description, ""]
+    if suite.paper:
+        out += [f"Paper: {suite.paper}", ""]
+    if p and p.notes:
+        out += [f"Preset: {p.notes}", ""]
+    if command:
+        out += [f"Command: `{command}`", ""]
+    seeds = sorted({r.seed for r in results})
+    out += [f"Seeds: {', '.join(map(str, seeds))}. Cells: mean ± standard error (sd / sqrt(n)) over seeds.", ""]
+    for stat, title, digits in (
+        ("final", f"Final {suite.metric} (last measured round)", 3),
+        ("best", f"Best {suite.metric} over rounds", 3),
+        ("rounds-to-best", "Rounds to best (first round reaching the best value; 0 = initial model)", 1),
+    ):
+        out += [f"## {title}", "", markdown_table(summarize(results, stat), labels=labels, tiers=tiers, digits=digits)]
+    out += ["## Wall time per run (s)", "", "| run | seconds |", "| --- | --- |"]
+    out += [f"| {label} | {format_mean_se(m, s, 0)} |" for label, (m, s) in wall_times(results).items()]
+    return "\n".join(out) + "\n"
+
+
+def mean_curve(curves: Sequence[Mapping[int, float]]) -> tuple[list[int], list[float], list[float]]:
+    """Per round, mean and standard error over the curves that measured that round."""
+    rounds = sorted({r for c in curves for r in c})
+    means, ses = [], []
+    for r in rounds:
+        m, s = mean_se([c[r] for c in curves if r in c])
+        means.append(m)
+        ses.append(0.0 if math.isnan(s) else s)
+    return rounds, means, ses
+
+
+def plot_convergence(results: Sequence[RunResult], path: Path, *, title: str, metric: str) -> Path:
+    """Mean curve of every label, one panel per tier, shaded +/- one standard error; saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    tiers, labels = tier_order(results), label_order(results)
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {label: palette[i % len(palette)] for i, label in enumerate(labels)}  # same color in every panel
+    cols = min(len(tiers), 3) or 1
+    rows = max(1, math.ceil(len(tiers) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    for ax, tier in zip(axes.flat, tiers, strict=False):
+        for label in labels:
+            curves = [r.curves[tier] for r in results if r.label == label and r.curves.get(tier)]
+            if not curves:
+                continue
+            x, m, s = mean_curve(curves)
+            ax.plot(x, m, marker=".", color=color[label])
+            lo, hi = [a - b for a, b in zip(m, s, strict=True)], [a + b for a, b in zip(m, s, strict=True)]
+            ax.fill_between(x, lo, hi, color=color[label], alpha=0.2)
+        ax.set_title(tier)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(tiers) :]:
+        ax.set_visible(False)
+    axes[0][0].set_ylabel(metric)
+    handles = [Line2D([], [], color=color[label], marker=".") for label in labels]
+    ncol = min(len(labels), 4) or 1
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize="small")
+    fig.suptitle(title)
+    legend_rows = math.ceil(len(labels) / ncol)
+    fig.tight_layout(rect=(0, min(0.5, (0.06 + 0.04 * legend_rows) / rows), 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    suite: Suite, preset: str, results: Sequence[RunResult], out: Path, *, command: str = ""
+) -> list[Path]:
+    """Write ``table.md``, ``table.csv`` and ``convergence.png`` into ``out``; return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "table.md"
+    md.write_text(report_markdown(suite, preset, results, command=command))
+    cells = [c for stat in STATISTICS for c in summarize(results, stat)]
+    table = out / "table.csv"
+    table.write_text(csv_table(cells, suite=suite.name, preset=preset, metric=suite.metric))
+    png = plot_convergence(results, out / "convergence.png", title=f"{suite.name} ({preset})", metric=suite.metric)
+    return [md, table, png]
+
+
+# --------------------------------------------------------------------------------- running
+@contextlib.contextmanager
+def file_lock(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (as ``flock(1)`` does); nothing when ``path`` is None."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def format_round(row: Mapping[str, Any], metric: str, rounds: int | None) -> str:
+    """One progress line for a ``rounds.jsonl`` row: round, its seconds and the metric per tier."""
+    vals = ", ".join(f"{t} {v[metric]:.3f}" for t, v in row.get("tiers", {}).items() if v.get(metric) is not None)
+    total = f"/{rounds}" if rounds else ""
+    return f"    round {row.get('round')}{total} ({float(row.get('seconds', 0.0)):.1f} s): {vals or '-'}"
+
+
+class RoundTail:
+    """Print each new line of a run's ``rounds.jsonl`` while the run is going (a polling thread)."""
+
+    def __init__(self, path: Path, *, metric: str, rounds: int | None, poll_s: float = 1.0) -> None:
+        self.path, self.metric, self.rounds, self.poll_s = path, metric, rounds, poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._printed: set[int] = set()
+        self._started = time.time()
+
+    def __enter__(self) -> RoundTail:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+
+    def _poll(self) -> None:
+        try:
+            if self.path.stat().st_mtime < self._started:
+                return  # left by an earlier, unfinished run; the new run rewrites it
+            lines = self.path.read_text().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            r = int(row.get("round", -1))
+            if r not in self._printed:
+                self._printed.add(r)
+                print(format_round(row, self.metric, self.rounds), flush=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._poll()
+
+
+def _rounds_of(run_config: str) -> int | None:
+    m = re.search(r"(?:^|\s)num-server-rounds=(\d+)", run_config)
+    return int(m.group(1)) if m else None
+
+
+def run_suite(
+    suite: Suite,
+    preset: str,
+    *,
+    seeds: int,
+    out: Path,
+    only: Sequence[str] = (),
+    lock: Path | None = None,
+    echo: bool = False,
+    dry_run: bool = False,
+    show_config: bool = True,
+) -> tuple[list[RunResult], list[PlannedRun]]:
+    """Launch every planned run that is not done yet; return the finished runs' results and the failures."""
+    runs_dir = out / "runs"
+    planned = plan_runs(suite, preset, seeds, only)
+    done: list[RunResult] = []
+    failed: list[PlannedRun] = []
+    t_suite = time.time()
+    for i, pr in enumerate(planned, 1):
+        head = f"[{i}/{len(planned)}] {pr.label} seed {pr.seed} ({pr.run_name}, {pr.supernodes} supernodes)"
+        if is_done(runs_dir, pr):
+            print(f"{head}: done, skipped", flush=True)
+        elif dry_run:
+            print(f"{head}: to run" + (f'\n    --run-config "{pr.run_config}"' if show_config else ""), flush=True)
+            continue
+        else:
+            print(f"{head}: running", flush=True)
+            t0 = time.time()
+            folder = runs_dir / pr.run_name
+            with (
+                file_lock(lock),
+                RoundTail(folder / "rounds.jsonl", metric=suite.metric, rounds=_rounds_of(pr.run_config)),
+            ):
+                outcome = run_simulation(
+                    supernodes=pr.supernodes, run_config=pr.run_config, results_dir=runs_dir.resolve(),
+                    run_name=pr.run_name, cpus_per_client=pr.cpus_per_client, timeout=pr.timeout_s, echo=echo,
+                )  # fmt: skip
+            if not outcome.ok:
+                failed.append(pr)
+                print(f"    FAILED (flwr exit {outcome.returncode}); last output:\n{outcome.log[-3000:]}", flush=True)
+                continue
+            marker = {"label": pr.label, "seed": pr.seed, "run-config": pr.run_config, "supernodes": pr.supernodes}
+            (folder / "experiment.json").write_text(json.dumps(marker, indent=2))
+            print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)
+        if is_done(runs_dir, pr):
+            done.append(read_run(runs_dir / pr.run_name, label=pr.label, seed=pr.seed, metric=suite.metric))
+    return done, failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", nargs="?", help=f"suite name ({', '.join(available_suites())}) or a .toml path")
+    parser.add_argument("--preset", default="cpu", help="preset of the suite (cpu | paper)")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the preset's)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output folder (default results/experiments/SUITE-PRESET)"
+    )
+    parser.add_argument("--only", action="append", default=[], help="run only this label (repeatable)")
+    parser.add_argument("--lock", type=Path, default=None, help="hold flock(FILE) during each run (shared ports)")
+    parser.add_argument("--echo", action="store_true", help="show Flower's own output of each run")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the plan (and what is done) without running")
+    mode.add_argument("--report-only", action="store_true", help="write the tables from finished runs only")
+    parser.add_argument("--list", action="store_true", help="list the suites and their presets")
+    args = parser.parse_args(argv)
+    if args.list or not args.suite:
+        for name in available_suites():
+            s = load_suite(name)
+            print(f"{name:26s} presets {', '.join(s.presets)}; {len(s.runs)} runs: {s.description}")
+        return 0
+    suite = load_suite(args.suite)
+    if args.preset not in suite.presets:
+        parser.error(f"suite {suite.name!r} has no preset {args.preset!r} (has {', '.join(suite.presets)})")
+    seeds = args.seeds or suite.presets[args.preset].seeds
+    out = (args.out or ROOT / "results" / "experiments" / f"{suite.name}-{args.preset}").resolve()
+    command = "python -m deploy.experiments " + shlex.join(argv if argv is not None else sys.argv[1:])
+    results, failed = run_suite(
+        suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
+        dry_run=args.dry_run or args.report_only, show_config=not args.report_only,
+    )  # fmt: skip
+    if args.dry_run:
+        return 0
+    if not results:
+        print("no finished runs: nothing to report", file=sys.stderr)
+        return 1
+    paths = write_report(suite, args.preset, results, out, command=command)
+    print((out / "table.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in paths))
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(f.run_name for f in failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,772 @@
+r"""pFedKnow: labels-at-server semi-supervised FL with pruned, personalized clients (seed 002).
+
+Setting (Section 3): the server holds a small labeled set ``D_s`` and a large pretrained
+model ``w_p``; clients (IoT devices) hold unlabeled data only.  Every client ``k`` has a
+personalized lightweight model ``w_s^k``, kept here per client (keyed by the node's stable
+key) and sent back on its next turn.
+
+Initialization (Section 3.1): the teacher ``w_p`` -- for images a CNN ``pfedknow-teacher-scale``
+times wider than the lightweight one, trained on ``D_s`` with cross entropy at the start of the
+run (no hub is reachable to ship a pretrained VGG-19; it is trained once per run and kept in
+the checkpoint, so a resumed run does not retrain it) -- then the lightweight ``w_s'`` is
+trained on ``D_s`` with ``CE(f(x; w_s'), y) + KL(p_p || p_s')`` (:func:`train_on_labeled`).
+
+Round ``t`` (clients: :mod:`client.pfedknow`): client ``k`` receives ``w_s^k`` (first time
+``w_s'``) as a sparse payload (:mod:`models.sparse`) with the round's pruning ratio, keeps the
+pseudo-labels whose uncertainty is ``<= delta``, prunes (network slimming, progressive,
+:mod:`models.pruning`), fine-tunes, and uploads only the surviving weights and the mask.
+
+Server update (Section 3.3) for every upload ``k`` (the "leader", the others "helpers"):
+
+.. math::
+
+    \beta_j^k &= \cos(\theta_k, \theta_j) \,/\, \sum_{i \ne k} \cos(\theta_k, \theta_i) \\
+    \mathcal{L}_s^k &= \mathrm{CE}(z_k, y) + \mathrm{KL}\big(\sigma(\textstyle\sum_j \beta_j^k z_j / T)
+        \,\|\, \sigma(z_k / T)\big) + \mathrm{KL}\big(\sigma(z_p / T) \,\|\, \sigma(z_k / T)\big)
+
+with ``theta`` the 0/1 masks of surviving weights, ``z`` logits on ``D_s`` batches (helpers and
+teacher frozen, computed once per round: every leader is distilled from the uploads as they
+came, "in parallel"), ``sigma`` the softmax.  ``w_s^k`` starts from the upload ``w_c^k`` and
+keeps its mask (masked weights are re-zeroed after every Adam step).
+
+Ablations (Section 4.4, Table 3), all :class:`PFedKnowMode` values of :data:`MODES`:
+
+* ``pfedknow-as1`` (Semi-FedAvg): no pruning, no pretrained model; example-weighted FedAvg of
+  the dense uploads, then CE fine-tuning on ``D_s``; one global model for everyone.
+* ``pfedknow-as2``: pruning kept, no collaborative distillation and no pretrained model; the
+  uploads (pruned weights filled with 0) are averaged; client ``k`` receives the average
+  restricted to its own mask.
+* ``pfedknow-as3``: no pretrained model (no teacher at initialization, no ``KL(z_p || z_k)``).
+* ``pfedknow-as4``: no pruning (ratio 0, dense uploads).
+* ``semifl``: SemiFL-style pseudo-label FedAvg: clients keep pseudo-labels with confidence
+  ``max softmax >= semifl-confidence``; FedAvg then CE fine-tuning on ``D_s``.
+
+Metric: every node evaluates the model it would receive (its personalized one) on its local
+test split; ``fed-accuracy-mean`` is the unweighted mean over clients.  Communication: per
+round and per client the bytes down and up (``bytes-up:<key>``, serialized ``ArrayRecord``
+bytes as the base counts them); ``bytes-up-dense`` is what the dense lightweight model's
+tensors would have taken (one array per tensor, as every dense method uploads) and
+``upload-saving = 1 - up / dense``; ``payload-saving`` is the same without container overhead
+(values and mask codes vs ``4 x`` parameters).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from torch import Tensor, nn
+
+from models.catalog import VariantCatalog
+from models.pruning import apply_masks, kept_fraction, progressive_ratio
+from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
+from strategies.base import HeterogeneousStrategy, Sent, compose, record_nbytes, to_record
+from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
+from strategies.validation import (
+    ReplyRejected,
+    validate_config,
+    validate_evaluate_reply,
+    validate_examples_claim,
+    validate_num_examples,
+)
+
+Params = dict[str, Tensor]
+Masks = dict[str, Tensor]
+
+
+# --- pure math ----------------------------------------------------------------------------------
+
+
+def mask_vector(masks: Mapping[str, Tensor], names: Sequence[str]) -> Tensor:
+    """The 0/1 vector ``theta`` of a model's masks: every tensor in ``names`` flattened, concatenated."""
+    return torch.cat([masks[n].reshape(-1).to(torch.float64) for n in names])
+
+
+def helper_weights(masks: Mapping[str, Mapping[str, Tensor]], leader: str) -> dict[str, float]:
+    r"""Normalized mask-cosine weights of the helpers of ``leader`` (eq. 3.6).
+
+    ``beta_j = cos(theta_k, theta_j) / sum_{i != k} cos(theta_k, theta_i)`` over every ``j != k``
+    in ``masks`` (the leader itself is excluded).  Masks are 0/1, so every cosine is ``>= 0``;
+    when all are 0 (disjoint masks) the helpers are weighted uniformly.  No helpers: ``{}``.
+
+    Parameters
+    ----------
+    masks : Mapping[str, Mapping[str, Tensor]]
+        Per client its masks (the same tensor names for every client).
+    leader : str
+        The client whose personalized model is being distilled.
+
+    """
+    if leader not in masks:
+        raise KeyError(f"leader {leader!r} has no masks")
+    names = sorted(masks[leader])
+    theta_k = mask_vector(masks[leader], names)
+    cos: dict[str, float] = {}
+    for j, m in masks.items():
+        if j == leader:
+            continue
+        theta_j = mask_vector(m, names)
+        denom = float(theta_k.norm() * theta_j.norm())
+        cos[j] = float(theta_k @ theta_j) / denom if denom > 0 else 0.0
+    total = sum(cos.values())
+    if not cos:
+        return {}
+    if total <= 0.0:
+        return dict.fromkeys(cos, 1.0 / len(cos))
+    return {j: c / total for j, c in cos.items()}
+
+
+def collaborative_loss(
+    z_leader: Tensor,
+    labels: Tensor,
+    helper_logits: Sequence[Tensor],
+    betas: Sequence[float],
+    teacher_logits: Tensor | None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, dict[str, float]]:
+    r"""The collaborative distillation loss of pFedKnow's server (eq. 3.7) on one labeled batch.
+
+    ``L = CE(z_k, y) + KL(softmax(sum_j beta_j z_j / T) || softmax(z_k / T))``
+    ``+ KL(softmax(z_p / T) || softmax(z_k / T))``, KL averaged over the batch
+    (:func:`strategies.codistill.distillation_loss`).  The helper term is omitted
+    without helpers, the teacher term without ``teacher_logits``.
+
+    Returns
+    -------
+    tuple[Tensor, dict[str, float]]
+        The loss (differentiable in ``z_leader``) and its terms ``ce``, ``kl-helpers``,
+        ``kl-teacher`` (0.0 when omitted).
+
+    """
+    if len(helper_logits) != len(betas):
+        raise ValueError(f"{len(helper_logits)} helper logits but {len(betas)} weights")
+    ce = F.cross_entropy(z_leader, labels)
+    terms = {"ce": float(ce.detach()), "kl-helpers": 0.0, "kl-teacher": 0.0}
+    loss = ce
+    if helper_logits:
+        z_avg = sum((b * z for b, z in zip(betas, helper_logits, strict=True)), torch.zeros_like(z_leader))
+        kl_h = distillation_loss(z_leader, tempered_softmax(z_avg, temperature), temperature)
+        terms["kl-helpers"] = float(kl_h.detach())
+        loss = loss + kl_h
+    if teacher_logits is not None:
+        kl_p = distillation_loss(z_leader, tempered_softmax(teacher_logits, temperature), temperature)
+        terms["kl-teacher"] = float(kl_p.detach())
+        loss = loss + kl_p
+    return loss, terms
+
+
+def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:
+    r"""``sum_j n_j w_j / sum_j n_j`` per tensor (pruned weights count as 0: AS-2's zero filling)."""
+    if not models or len(models) != len(weights):
+        raise ValueError("need one weight per model and at least one model")
+    total = float(sum(weights))
+    if not total > 0:
+        raise ValueError("weights must have a positive sum")
+    return {
+        k: sum((w * m[k] for m, w in zip(models, weights, strict=True)), torch.zeros_like(models[0][k])) / total
+        for k in models[0]
+    }
+
+
+# --- server training loops ----------------------------------------------------------------------
+
+
+def index_batches(n: int, *, steps: int, batch_size: int, seed: int) -> list[Tensor]:
+    """``steps`` index batches into ``n`` examples (seeded epochs, :func:`strategies.codistill.sample_batches`)."""
+    out: list[Tensor] = [
+        torch.as_tensor(b) for b in sample_batches(torch.arange(n), steps=steps, batch_size=batch_size, seed=seed)
+    ]
+    return out
+
+
+def train_on_labeled(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    teacher: nn.Module | None = None,
+    temperature: float = 1.0,
+    masks: Mapping[str, Tensor] | None = None,
+) -> list[float]:
+    r"""Adam on ``CE(f(x; w), y)`` (``+ KL(p_teacher || p_w)`` with a teacher) over ``D_s``, in place.
+
+    Initialization of the teacher (no teacher) and of ``w_s'`` (with the teacher), and the
+    server fine-tuning of the FedAvg ablations.  With ``masks``, masked weights are zeroed
+    after every step.  Returns the loss of every step.
+    """
+    if steps == 0:
+        return []
+    model.train()
+    if teacher is not None:
+        teacher.eval()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for idx in index_batches(x.shape[0], steps=steps, batch_size=batch_size, seed=seed):
+        xb, yb = x[idx], y[idx]
+        z = model(xb)
+        loss = F.cross_entropy(z, yb)
+        if teacher is not None:
+            with torch.no_grad():
+                target = tempered_softmax(teacher(xb), temperature)
+            loss = loss + distillation_loss(z, target, temperature)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if masks is not None:
+            apply_masks(model, masks)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+@torch.no_grad()
+def logits_on(model: nn.Module, batches: Sequence[Tensor]) -> list[Tensor]:
+    """Frozen logits of ``model`` (eval mode) on every batch."""
+    model.eval()
+    return [model(xb) for xb in batches]
+
+
+def collaborative_distill(
+    leader: nn.Module,
+    masks: Mapping[str, Tensor],
+    batches: Sequence[tuple[Tensor, Tensor]],
+    helper_logits: Sequence[Sequence[Tensor]],
+    betas: Sequence[float],
+    teacher_logits: Sequence[Tensor] | None,
+    *,
+    lr: float,
+    temperature: float,
+) -> list[dict[str, float]]:
+    """One Adam step of :func:`collaborative_loss` per labeled batch on ``leader`` (in place, mask kept).
+
+    ``helper_logits[j][s]`` are helper ``j``'s logits on batch ``s``, ``teacher_logits[s]``
+    the teacher's.  Returns every step's loss terms (``loss`` included).
+    """
+    leader.train()
+    apply_masks(leader, masks)
+    opt = torch.optim.Adam([p for p in leader.parameters() if p.requires_grad], lr=lr)
+    out = []
+    for s, (xb, yb) in enumerate(batches):
+        loss, terms = collaborative_loss(
+            leader(xb),
+            yb,
+            [h[s] for h in helper_logits],
+            betas,
+            None if teacher_logits is None else teacher_logits[s],
+            temperature,
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        apply_masks(leader, masks)
+        out.append({**terms, "loss": float(loss.detach())})
+    return out
+
+
+# --- modes --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PFedKnowMode:
+    """What a method variant uses.
+
+    Attributes
+    ----------
+    prune : bool
+        Clients prune progressively (network slimming) and upload sparse.
+    teacher : bool
+        The pretrained teacher is used (initialization KD and the ``KL(z_p || z_k)`` term).
+    aggregation : {"collaborative", "fedavg", "zero-average"}
+        Per-leader collaborative distillation (personalized), FedAvg + CE fine-tuning on
+        ``D_s`` (one global model), or the zero-filled average restricted to each client's mask.
+    uncertainty : {"evidential", "softmax"}
+        The clients' pseudo-label filter.
+
+    """
+
+    prune: bool = True
+    teacher: bool = True
+    aggregation: str = "collaborative"
+    uncertainty: str = "evidential"
+
+
+MODES: dict[str, PFedKnowMode] = {
+    "pfedknow": PFedKnowMode(),
+    "pfedknow-as1": PFedKnowMode(prune=False, teacher=False, aggregation="fedavg"),
+    "pfedknow-as2": PFedKnowMode(prune=True, teacher=False, aggregation="zero-average"),
+    "pfedknow-as3": PFedKnowMode(teacher=False),
+    "pfedknow-as4": PFedKnowMode(prune=False),
+    "semifl": PFedKnowMode(prune=False, teacher=False, aggregation="fedavg", uncertainty="softmax"),
+}
+
+
+@dataclass
+class Upload:
+    """One validated client upload."""
+
+    key: str
+    node_id: int
+    params: Params
+    masks: Masks
+    num_examples: int
+
+
+# --- Flower glue --------------------------------------------------------------------------------
+
+
+class PFedKnow(HeterogeneousStrategy):
+    """pFedKnow and its ablations on Flower (one lightweight variant; see the module docstring).
+
+    Parameters
+    ----------
+    catalog : VariantCatalog
+        Exactly one variant: the lightweight model.
+    mode : PFedKnowMode
+        pFedKnow (``MODES["pfedknow"]``) or an ablation.
+    build_model : Callable[[], nn.Module]
+        A fresh lightweight model (state-dict keys = the variant's layout names).
+    build_teacher : Callable[[], nn.Module]
+        A fresh (untrained) large model, trained on ``D_s`` at initialization.
+    labeled : tuple[Tensor, Tensor]
+        The server's labeled set ``D_s``: inputs ``(N, ...)`` and labels ``(N,)``.
+    target_ratio, ramp_rounds : float, int
+        Channel pruning ratio reached in round ``ramp_rounds`` (:func:`models.pruning.progressive_ratio`).
+    delta : float
+        Uncertainty threshold sent to clients (for ``softmax`` uncertainty: ``1 - confidence``).
+    l1 : float
+        Network slimming's L1 weight on batch-norm scales (clients).
+    distill_steps, distill_lr, distill_batch_size, temperature
+        Server collaborative distillation (and fine-tuning) Adam steps per leader, learning
+        rate, labeled batch size, softmax temperature.
+    teacher_steps, init_steps : int
+        Adam steps training the teacher and the initial ``w_s'`` on ``D_s``.
+    seed : int
+        Seed of sampling and of the server's labeled batches.
+    **kwargs
+        Passed to :class:`~strategies.base.HeterogeneousStrategy`.
+
+    """
+
+    supports_median = False
+
+    def __init__(
+        self,
+        *,
+        catalog: VariantCatalog,
+        mode: PFedKnowMode,
+        build_model: Callable[[], nn.Module],
+        build_teacher: Callable[[], nn.Module],
+        labeled: tuple[Tensor, Tensor],
+        target_ratio: float = 0.2,
+        ramp_rounds: int = 3,
+        delta: float = 0.7,
+        l1: float = 1e-4,
+        distill_steps: int = 20,
+        distill_lr: float = 1e-3,
+        distill_batch_size: int = 64,
+        temperature: float = 1.0,
+        teacher_steps: int = 300,
+        init_steps: int = 200,
+        seed: int = 0,
+        **kwargs: object,
+    ) -> None:
+        if len(catalog) != 1:
+            raise ValueError(f"pFedKnow trains one lightweight model, the catalog has {catalog.names()}")
+        if mode.aggregation not in ("collaborative", "fedavg", "zero-average"):
+            raise ValueError(f"unknown aggregation {mode.aggregation!r}")
+        x, y = labeled
+        if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"labeled set needs matching, non-empty inputs and labels, got {x.shape[0]}/{y.shape[0]}")
+        if not 0.0 <= target_ratio < 1.0:
+            raise ValueError(f"target_ratio must be in [0, 1), got {target_ratio}")
+        if ramp_rounds < 1:
+            raise ValueError(f"ramp_rounds must be >= 1, got {ramp_rounds}")
+        super().__init__(catalog=catalog, seed=seed, **kwargs)  # type: ignore[arg-type]
+        self.variant = catalog.largest.name
+        self.mode = mode
+        self.build_model = build_model
+        self.build_teacher = build_teacher
+        self.labeled_x, self.labeled_y = x, y
+        self.target_ratio = target_ratio if mode.prune else 0.0
+        self.ramp_rounds = ramp_rounds
+        self.delta = delta
+        self.l1 = l1 if mode.prune else 0.0
+        self.distill_steps = distill_steps
+        self.distill_lr = distill_lr
+        self.distill_batch_size = distill_batch_size
+        self.temperature = temperature
+        self.teacher_steps = teacher_steps
+        self.init_steps = init_steps
+        self.seed = seed
+        self.shapes = {p.name: tuple(p.shape) for p in catalog.largest.layout}
+        self.initialized = False
+        self.teacher_state: Params | None = None
+        self.personal: dict[str, Params] = {}
+        self.masks: dict[str, Masks] = {}
+
+    # ---------------------------------------------------------------- models
+    def _model(self, params: Mapping[str, Tensor]) -> nn.Module:
+        model = self.build_model()
+        model.load_state_dict(dict(params), strict=False)
+        return model
+
+    def teacher(self) -> nn.Module | None:
+        """The trained teacher (``None`` without one)."""
+        if not self.mode.teacher or self.teacher_state is None:
+            return None
+        model = self.build_teacher()
+        model.load_state_dict(self.teacher_state)
+        return model.eval()
+
+    def initialize(self, server_round: int) -> None:
+        """Train the teacher on ``D_s`` (with a teacher), then ``w_s'`` with CE (+ KD); report both."""
+        group = self.report(server_round).group(self.variant)
+        t0 = time.perf_counter()
+        teacher = None
+        if self.mode.teacher:
+            teacher = self.build_teacher()
+            losses = train_on_labeled(
+                teacher,
+                self.labeled_x,
+                self.labeled_y,
+                steps=self.teacher_steps,
+                lr=1e-3,
+                batch_size=self.distill_batch_size,
+                seed=self.seed + 17,
+            )
+            self.teacher_state = {k: v.detach().clone() for k, v in teacher.state_dict().items()}
+            if losses:
+                group["teacher-loss"] = losses[-1]
+        student = self._model(self.state[self.variant])
+        losses = train_on_labeled(
+            student,
+            self.labeled_x,
+            self.labeled_y,
+            steps=self.init_steps,
+            lr=1e-3,
+            batch_size=self.distill_batch_size,
+            seed=self.seed + 29,
+            teacher=teacher,
+            temperature=self.temperature,
+        )
+        if losses:
+            group["init-loss"] = losses[-1]
+        group["init-seconds"] = time.perf_counter() - t0
+        trained = {k: v.detach().clone() for k, v in student.state_dict().items()}
+        self.state = {self.variant: {k: trained[k] for k in self.state[self.variant]}}
+        self.initialized = True
+        log(
+            INFO,
+            "pFedKnow: initialized w_s' on %d labeled examples (teacher: %s)",
+            self.labeled_x.shape[0],
+            bool(teacher),
+        )
+
+    # ------------------------------------------------------- per-client state
+    def node_key(self, node_id: int) -> str:
+        """The node's stable key (per-client state survives restarts under it)."""
+        prof = self.profiles.get(node_id)
+        return prof.stable_key if prof is not None else f"node-{node_id}"
+
+    def full_masks(self) -> Masks:
+        """Every weight kept."""
+        return {n: torch.ones(s, dtype=torch.bool) for n, s in self.shapes.items()}
+
+    def client_masks(self, key: str) -> Masks:
+        """The client's current masks (all ones before its first upload or without pruning)."""
+        return self.masks.get(key) or self.full_masks()
+
+    def client_model(self, key: str) -> Params:
+        """The model client ``key`` receives (its personalized ``w_s^k``)."""
+        glob = self.state[self.variant]
+        if self.mode.aggregation == "collaborative":
+            return self.personal.get(key, glob)
+        if self.mode.aggregation == "zero-average" and key in self.masks:
+            m = self.masks[key]
+            return {n: t * m[n].to(t.dtype) if n in m else t for n, t in glob.items()}
+        return glob
+
+    def variant_payload(self, node_id: int, variant: str) -> dict[str, Tensor]:
+        """The node's personalized model (dense; training messages re-encode it sparse)."""
+        return self.client_model(self.node_key(node_id))
+
+    def prune_ratio(self, server_round: int) -> float:
+        """This round's channel pruning ratio (0 without pruning)."""
+        if self.target_ratio == 0.0:
+            return 0.0
+        return progressive_ratio(server_round, self.target_ratio, self.ramp_rounds)
+
+    # ------------------------------------------------------------------ train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Initialize once, then send every sampled client its model as a sparse payload."""
+        self._sync_state(arrays)
+        r = self.global_round(server_round)
+        if not self.initialized:
+            self.initialize(r)
+            self._record = compose(self.state)
+        assert self._record is not None
+        msgs = list(super().configure_train(server_round, self._record, config, grid))
+        self.encode_messages(r)
+        return msgs
+
+    def encode_messages(self, server_round: int) -> None:
+        """Re-encode this round's training messages: sparse model + mask, the client's settings in the config.
+
+        ``bytes-down`` is corrected to the sparse payload, and recorded per client.
+        """
+        report = self.report(server_round)
+        ratio = self.prune_ratio(server_round)
+        for s in self._sent_train.values():
+            key = self.node_key(s.node_id)
+            payload = to_wire(self.variant_payload(s.node_id, s.variant), self.client_masks(key))
+            record = ArrayRecord({k: Array(v) for k, v in payload.items()})
+            nbytes = record_nbytes(record)
+            content = s.message.content
+            content["arrays"] = record
+            cfg = content["config"]
+            assert isinstance(cfg, ConfigRecord)
+            cfg["prune-ratio"] = ratio
+            cfg["delta"] = self.delta
+            cfg["uncertainty"] = self.mode.uncertainty
+            cfg["l1"] = self.l1
+            report.add(s.variant, "bytes-down", nbytes - s.nbytes)
+            report.group(s.variant)[f"bytes-down:{key}"] = float(nbytes)
+            s.nbytes = nbytes
+        report.group(self.variant)["prune-ratio"] = ratio
+
+    def _validate(self, rec: Sent, reply: Message, server_round: int) -> tuple[Upload, int, MetricRecord]:
+        content = reply.content
+        validate_config(content, variant=rec.variant, server_round=server_round)
+        metrics = content.get("metrics")
+        if not isinstance(metrics, MetricRecord):
+            raise ReplyRejected("reply has no MetricRecord under 'metrics'")
+        n = validate_num_examples(metrics, key="num-examples", max_examples=self.max_examples)
+        profile = self.profiles.get(rec.node_id)
+        if profile is not None:
+            validate_examples_claim(n, profile.num_examples)
+        arrays = content.get("arrays")
+        if not isinstance(arrays, ArrayRecord):
+            raise ReplyRejected("reply has no ArrayRecord under 'arrays'")
+        try:
+            payload = {k: np.asarray(a.numpy()) for k, a in arrays.items()}
+        except Exception as exc:  # corrupt bytes
+            raise ReplyRejected(f"payload does not decode ({exc})") from exc
+        try:
+            params, masks = from_wire(payload, self.shapes)
+        except SparsePayloadError as exc:
+            raise ReplyRejected(f"sparse payload: {exc}") from exc
+        key = self.node_key(rec.node_id)
+        sent_masks = self.client_masks(key)
+        revived = [k for k, m in masks.items() if bool((m & ~sent_masks[k]).any())]
+        if revived:
+            raise ReplyRejected(f"mask revives weights pruned before in {revived[:3]}")
+        return Upload(key, rec.node_id, params, masks, n), record_nbytes(arrays), metrics
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate sparse uploads, then distill every leader (or average, for the ablations)."""
+        server_round = self.global_round(server_round)
+        report = self.report(server_round)
+        group = report.group(self.variant)
+        sent = self._by_message_id(self._sent_train)
+        uploads: list[Upload] = []
+        client_stats: dict[str, list[float]] = {}
+        for reply in replies:
+            rec = self._match(reply, sent, report, "train")
+            if rec is None:
+                continue
+            try:
+                up, nbytes, metrics = self._validate(rec, reply, server_round)
+            except ReplyRejected as exc:
+                reason = f"node {rec.node_id} ({rec.variant}): {exc}"
+                log(WARNING, "rejected train reply: %s", reason)
+                report.rejected.append(reason)
+                continue
+            uploads.append(up)
+            dense = record_nbytes(to_record(up.params))
+            report.add(self.variant, "clients", 1)
+            report.add(self.variant, "examples", up.num_examples)
+            report.add(self.variant, "bytes-up", nbytes)
+            report.add(self.variant, "bytes-up-dense", dense)
+            report.add(self.variant, "payload-bytes-up", payload_nbytes(encode_payload(up.params, up.masks)))
+            report.add(self.variant, "payload-bytes-up-dense", 4 * sum(t.numel() for t in up.params.values()))
+            group[f"bytes-up:{up.key}"] = float(nbytes)
+            client_stats.setdefault("kept-weights", []).append(kept_fraction(up.masks))
+            for k in ("pseudo-kept", "train-loss"):
+                v = metrics.get(k)
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                    client_stats.setdefault(k, []).append(float(v))
+        for k, vals in client_stats.items():
+            group[k] = sum(vals) / len(vals)
+        if group.get("bytes-up-dense", 0.0) > 0:
+            group["upload-saving"] = 1.0 - group["bytes-up"] / group["bytes-up-dense"]
+            group["payload-saving"] = 1.0 - group["payload-bytes-up"] / group["payload-bytes-up-dense"]
+        t0 = time.perf_counter()
+        if uploads:
+            self.server_update(server_round, uploads)
+        group["server-seconds"] = time.perf_counter() - t0
+        self._record = compose(self.state)
+        out = MetricRecord({f"{self.variant}/clients": len(uploads)})
+        for k in ("upload-saving", "kept-weights", "pseudo-kept"):
+            if k in group:
+                out[f"{self.variant}/{k}"] = group[k]
+        log(
+            INFO,
+            "pFedKnow round %d: %d uploads, upload saving %.3f",
+            server_round,
+            len(uploads),
+            group.get("upload-saving", float("nan")),
+        )
+        return self._record, out
+
+    def labeled_batches(self, server_round: int) -> list[tuple[Tensor, Tensor]]:
+        """This round's ``D_s`` batches (seeded by the round; the same for every leader)."""
+        idx = index_batches(
+            self.labeled_x.shape[0],
+            steps=self.distill_steps,
+            batch_size=self.distill_batch_size,
+            seed=self.seed * 1_000_003 + server_round,
+        )
+        return [(self.labeled_x[i], self.labeled_y[i]) for i in idx]
+
+    def server_update(self, server_round: int, uploads: Sequence[Upload]) -> None:
+        """The method's server step over this round's validated uploads."""
+        group = self.report(server_round).group(self.variant)
+        if self.mode.aggregation == "collaborative":
+            batches = self.labeled_batches(server_round)
+            xs = [xb for xb, _ in batches]
+            logits = {u.key: logits_on(self._model(u.params), xs) for u in uploads}
+            teacher = self.teacher()
+            teacher_logits = logits_on(teacher, xs) if teacher is not None else None
+            all_masks = {u.key: u.masks for u in uploads}
+            last: list[dict[str, float]] = []
+            for u in uploads:
+                betas = helper_weights(all_masks, u.key)
+                leader = self._model(u.params)
+                steps = collaborative_distill(
+                    leader,
+                    u.masks,
+                    batches,
+                    [logits[j] for j in betas],
+                    list(betas.values()),
+                    teacher_logits,
+                    lr=self.distill_lr,
+                    temperature=self.temperature,
+                )
+                state = leader.state_dict()
+                self.personal[u.key] = {k: state[k].detach().clone() for k in self.state[self.variant]}
+                self.masks[u.key] = u.masks
+                if steps:
+                    last.append(steps[-1])
+            for term in ("loss", "ce", "kl-helpers", "kl-teacher"):
+                if last:
+                    group[f"distill-{term}"] = sum(s[term] for s in last) / len(last)
+            return
+        weights = [float(u.num_examples) for u in uploads]
+        avg = weighted_average([u.params for u in uploads], weights)
+        glob = {**self.state[self.variant], **avg}
+        if self.mode.aggregation == "fedavg":
+            model = self._model(glob)
+            losses = train_on_labeled(
+                model,
+                self.labeled_x,
+                self.labeled_y,
+                steps=self.distill_steps,
+                lr=self.distill_lr,
+                batch_size=self.distill_batch_size,
+                seed=self.seed * 1_000_003 + server_round,
+            )
+            if losses:
+                group["finetune-loss"] = losses[-1]
+            state = model.state_dict()
+            glob = {k: state[k].detach().clone() for k in glob}
+        else:  # zero-average: every uploader keeps its own mask
+            for u in uploads:
+                self.masks[u.key] = u.masks
+        self.state = {self.variant: glob}
+
+    # --------------------------------------------------------------- evaluate
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The base's example-weighted metrics plus ``fed-accuracy-mean`` over clients (unweighted)."""
+        replies = list(replies)
+        out = super().aggregate_evaluate(server_round, replies) or MetricRecord()
+        r = self.global_round(server_round)
+        sent = self._by_message_id(self._sent_eval)
+        accs = []
+        group = self.report(r).group(self.variant)
+        for reply in replies:
+            rec = sent.get(reply.metadata.reply_to_message_id)
+            if rec is None or reply.has_error() or reply.metadata.src_node_id != rec.node_id:
+                continue
+            try:
+                _, _, acc = validate_evaluate_reply(
+                    reply.content, variant=rec.variant, server_round=r, max_examples=self.max_examples
+                )
+            except ReplyRejected:
+                continue
+            accs.append(acc)
+            group[f"fed-accuracy:{self.node_key(rec.node_id)}"] = acc
+        if accs:
+            group["fed-accuracy-mean"] = sum(accs) / len(accs)
+            out[f"{self.variant}/fed-accuracy-mean"] = group["fed-accuracy-mean"]
+        return out
+
+    def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
+        """Every client's personalized model (the global one before any client trained)."""
+        keys = sorted(set(self.personal) | set(self.masks))
+        models: list[Mapping[str, Tensor]] = (
+            [self.client_model(k) for k in keys] if self.mode.aggregation != "fedavg" else []
+        )
+        return {self.variant: models or [self.state[self.variant]]}
+
+    # ------------------------------------------------------------ checkpoints
+    def method_state(self) -> dict[str, Any]:
+        """Initialization flag, the teacher, and per client (stable key) its model and masks."""
+        return {
+            "initialized": self.initialized,
+            "teacher": dict(self.teacher_state) if self.teacher_state is not None else {},
+            "personal": {k: dict(p) for k, p in self.personal.items()},
+            "masks": {k: dict(m) for k, m in self.masks.items()},
+        }
+
+    def load_method_state(self, data: Mapping[str, Any]) -> None:
+        """Restore :meth:`method_state` (tensor names must match the lightweight layout)."""
+        personal, masks = data.get("personal", {}), data.get("masks", {})
+        for what, table in (("personal models", personal), ("masks", masks)):
+            for key, params in table.items():
+                if set(params) != set(self.shapes) and not set(self.shapes) <= set(params):
+                    raise ValueError(f"checkpoint's {what} of {key!r} do not match the lightweight layout")
+        self.initialized = bool(data.get("initialized", False))
+        teacher = data.get("teacher") or None
+        self.teacher_state = {k: v.clone() for k, v in teacher.items()} if teacher else None
+        self.personal = {str(k): dict(p) for k, p in personal.items()}
+        self.masks = {str(k): {n: m.bool() for n, m in ms.items()} for k, ms in masks.items()}
+
+    def summary(self) -> None:
+        """Log the mode, then the base summary."""
+        log(
+            INFO,
+            "\t├──> pFedKnow %s, target ratio %.2f over %d rounds, delta %.3g, |D_s| = %d",
+            self.mode,
+            self.target_ratio,
+            self.ramp_rounds,
+            self.delta,
+            self.labeled_x.shape[0],
+        )
+        super().summary()

@@ -1,0 +1,304 @@
+"""The experiment runner: suites as data, aggregation over seeds, tables and plots, one tiny suite run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from deploy import experiments as ex
+from deploy.experiments import Cell, Preset, RunResult, Suite, SuiteError, SuiteRun
+from server.config import RunConfig
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_results() -> list[RunResult]:
+    """Two methods x two seeds; ExclusiveFL has no weak tier; fed-style gaps in one curve."""
+    return [
+        RunResult("InclusiveFL", 42, {"weak": {0: 0.5, 1: 0.6, 2: 0.7}, "strong": {0: 0.5, 1: 0.8, 2: 0.75}}, 30.0,
+                  ("weak", "strong")),
+        RunResult("InclusiveFL", 43, {"weak": {0: 0.5, 1: 0.7, 2: 0.7}, "strong": {0: 0.5, 1: 0.7, 2: 0.85}}, 34.0,
+                  ("weak", "strong")),
+        RunResult("ExclusiveFL", 42, {"strong": {0: 0.5, 2: 0.6}}, 20.0, ("weak", "strong")),
+        RunResult("ExclusiveFL", 43, {"strong": {0: 0.5, 1: 0.55, 2: 0.65}}, 22.0, ("weak", "strong")),
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- statistics
+def test_mean_se_is_sample_sd_over_sqrt_n() -> None:
+    mean, se = ex.mean_se([0.8, 0.9, 1.0])
+    assert mean == pytest.approx(0.9)
+    assert se == pytest.approx(0.1 / math.sqrt(3))  # sd = 0.1 (Bessel-corrected)
+    mean, se = ex.mean_se([0.7, 0.7])
+    assert (mean, se) == (pytest.approx(0.7), 0.0)
+
+
+def test_mean_se_one_value_has_undefined_se_and_empty_fails() -> None:
+    mean, se = ex.mean_se([0.42])
+    assert mean == 0.42 and math.isnan(se)
+    with pytest.raises(ValueError, match="at least one"):
+        ex.mean_se([])
+
+
+def test_rounds_to_best_is_the_first_round_at_the_maximum() -> None:
+    assert ex.rounds_to_best({0: 0.5, 1: 0.7, 2: 0.9, 3: 0.9, 4: 0.8}) == 2.0
+    assert ex.rounds_to_best({0: 0.566, 1: 0.566, 2: 0.5}) == 0.0  # never improves: round 0
+    assert ex.rounds_to_best({0: 0.1, 3: 0.4, 5: 0.3}) == 3.0  # rounds with gaps (fed-accuracy)
+
+
+def test_final_and_best_values() -> None:
+    curve = {2: 0.6, 0: 0.5, 5: 0.55, 3: 0.7}
+    assert ex.final_value(curve) == 0.55
+    assert ex.best_value(curve) == 0.7
+
+
+def test_summarize_final_over_seeds_per_label_and_tier() -> None:
+    cells = {(c.label, c.tier): c for c in ex.summarize(fake_results(), "final")}
+    assert set(cells) == {("InclusiveFL", "weak"), ("InclusiveFL", "strong"), ("ExclusiveFL", "strong")}
+    strong = cells[("InclusiveFL", "strong")]
+    assert strong.values == (0.75, 0.85) and strong.n == 2
+    assert strong.mean == pytest.approx(0.8)
+    assert strong.se == pytest.approx(math.sqrt(((0.05**2) * 2) / 1) / math.sqrt(2))  # = 0.05
+    assert cells[("InclusiveFL", "weak")].se == 0.0
+    assert cells[("ExclusiveFL", "strong")].mean == pytest.approx(0.625)
+
+
+def test_summarize_rounds_to_best_and_best() -> None:
+    rtb = {(c.label, c.tier): c for c in ex.summarize(fake_results(), "rounds-to-best")}
+    assert rtb[("InclusiveFL", "strong")].values == (1.0, 2.0)
+    assert rtb[("InclusiveFL", "weak")].values == (2.0, 1.0)
+    assert rtb[("ExclusiveFL", "strong")].mean == 2.0
+    best = {(c.label, c.tier): c for c in ex.summarize(fake_results(), "best")}
+    assert best[("InclusiveFL", "strong")].values == (0.8, 0.85)
+
+
+def test_orders_follow_config_tiers_then_first_seen() -> None:
+    res = fake_results()
+    assert ex.tier_order(res) == ["weak", "strong"]
+    assert ex.label_order(res) == ["InclusiveFL", "ExclusiveFL"]
+    assert ex.tier_order([RunResult("x", 1, {"b": {0: 1.0}, "z": {0: 1.0}}, 0.0, ("a", "b"))]) == ["b", "z"]
+
+
+def test_wall_times() -> None:
+    walls = ex.wall_times(fake_results())
+    assert walls["InclusiveFL"] == (pytest.approx(32.0), pytest.approx(2.0 * math.sqrt(2) / math.sqrt(2)))
+
+
+def test_mean_curve_uses_the_seeds_that_measured_each_round() -> None:
+    rounds, means, ses = ex.mean_curve([{0: 0.5, 2: 0.6}, {0: 0.5, 1: 0.55, 2: 0.65}])
+    assert rounds == [0, 1, 2]
+    assert means == pytest.approx([0.5, 0.55, 0.625])
+    assert ses == pytest.approx([0.0, 0.0, 0.025])  # one seed at round 1: no spread drawn
+
+
+# ------------------------------------------------------------------------------- writers
+def test_markdown_table_exact() -> None:
+    cells = [
+        Cell("A", "weak", "final", (0.5, 0.7), 0.6, 0.1),
+        Cell("A", "strong", "final", (0.9,), 0.9, math.nan),
+        Cell("B", "strong", "final", (0.8, 0.8), 0.8, 0.0),
+    ]
+    text = ex.markdown_table(cells, labels=["A", "B"], tiers=["weak", "strong"])
+    assert text == (
+        "| run | weak | strong | seeds |\n"
+        "| --- | --- | --- | --- |\n"
+        "| A | 0.600 ± 0.100 | 0.900 | 1/2 |\n"
+        "| B | — | 0.800 ± 0.000 | 2 |\n"
+    )
+
+
+def test_csv_table_round_trips_the_numbers() -> None:
+    cells = ex.summarize(fake_results(), "final")
+    rows = list(csv.DictReader(io.StringIO(ex.csv_table(cells, suite="s", preset="cpu", metric="local-accuracy"))))
+    assert [(r["label"], r["tier"]) for r in rows] == [
+        ("InclusiveFL", "weak"),
+        ("InclusiveFL", "strong"),
+        ("ExclusiveFL", "strong"),
+    ]
+    strong = rows[1]
+    assert strong["statistic"] == "final" and strong["n"] == "2" and strong["metric"] == "local-accuracy"
+    assert float(strong["mean"]) == pytest.approx(0.8) and float(strong["se"]) == pytest.approx(0.05)
+    assert [float(v) for v in strong["values"].split()] == [0.75, 0.85]
+    one = ex.csv_table([Cell("A", "t", "final", (0.3,), 0.3, math.nan)], suite="s", preset="p", metric="m")
+    assert next(csv.DictReader(io.StringIO(one)))["se"] == ""
+
+
+def test_write_report_writes_markdown_csv_and_png(tmp_path: Path) -> None:
+    suite = Suite(
+        "fake", "a fake suite", "claim", "local-accuracy", (SuiteRun("InclusiveFL"),), {"cpu": Preset("cpu", 6)}
+    )
+    paths = ex.write_report(suite, "cpu", fake_results(), tmp_path, command="python -m deploy.experiments fake")
+    assert [p.name for p in paths] == ["table.md", "table.csv", "convergence.png"]
+    md = (tmp_path / "table.md").read_text()
+    assert "| InclusiveFL | 0.700 ± 0.000 | 0.800 ± 0.050 | 2 |" in md  # final
+    assert "| ExclusiveFL | — | 0.625 ± 0.025 | 2 |" in md
+    assert "| InclusiveFL | 1.5 ± 0.5 | 1.5 ± 0.5 | 2 |" in md  # rounds to best
+    assert "| InclusiveFL | 32 ± 2 |" in md and "`python -m deploy.experiments fake`" in md
+    rows = list(csv.DictReader((tmp_path / "table.csv").open()))
+    assert {r["statistic"] for r in rows} == {"final", "best", "rounds-to-best"} and len(rows) == 9
+    png = (tmp_path / "convergence.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 5000
+
+
+def test_read_run_from_a_results_folder(tmp_path: Path) -> None:
+    rows = [
+        {"round": 0, "elapsed": 5.0, "tiers": {"weak": {"local-accuracy": 0.5}, "strong": {"local-accuracy": 0.4}}},
+        {"round": 1, "elapsed": 40.5, "tiers": {"strong": {"local-accuracy": 0.7, "fed-accuracy": 0.72}}},
+    ]
+    (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps({"tiers": "weak:medium:strong"}))
+    res = ex.read_run(tmp_path, label="L", seed=7, metric="local-accuracy")
+    assert res.curves == {"weak": {0: 0.5}, "strong": {0: 0.4, 1: 0.7}}
+    assert res.seconds == 40.5 and res.tiers == ("weak", "medium", "strong") and res.seed == 7
+    assert ex.read_run(tmp_path, label="L", seed=7, metric="fed-accuracy").curves == {"strong": {1: 0.72}}
+
+
+def test_format_round_progress_line() -> None:
+    row = {"round": 3, "seconds": 41.24, "tiers": {"weak": {"local-accuracy": 0.5}, "strong": {"x": 1}}}
+    assert ex.format_round(row, "local-accuracy", 10) == "    round 3/10 (41.2 s): weak 0.500"
+
+
+# ------------------------------------------------------------------------------- suites
+def write_config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "base.toml"
+    cfg.write_text("method = 'heterofl'\nnum-server-rounds = 20\nlr = 0.05\n")
+    return cfg
+
+
+def test_plan_precedence_file_preset_run_seed(tmp_path: Path) -> None:
+    write_config(tmp_path)
+    suite = ex.parse_suite(
+        "s",
+        {
+            "config": "base.toml",
+            "presets": {"cpu": {"supernodes": 4, "seeds": 2, "overrides": {"num-server-rounds": 3, "lr": 0.1}}},
+            "runs": [
+                {"label": "HeteroFL a-e", "overrides": {"lr": 0.2}},
+                {"label": "FedAvg", "overrides": {"method": "all-small", "seed": 1}},
+            ],
+        },
+        base=tmp_path,
+    )
+    plan = ex.plan_runs(suite, "cpu", 2)
+    assert [(p.label, p.seed) for p in plan] == [
+        ("HeteroFL a-e", 42),
+        ("FedAvg", 42),
+        ("HeteroFL a-e", 43),
+        ("FedAvg", 43),
+    ]
+    assert plan[0].run_name == "heterofl-a-e-s42" and plan[0].supernodes == 4
+    assert plan[0].run_config == "method='heterofl' num-server-rounds=3 lr=0.2 seed=42"
+    assert plan[3].run_config == "method='all-small' num-server-rounds=3 lr=0.1 seed=43"  # the seed wins
+    assert [p.label for p in ex.plan_runs(suite, "cpu", 1, only=["fedavg"])] == ["FedAvg"]
+    with pytest.raises(SuiteError, match="no preset 'paper'"):
+        ex.plan_runs(suite, "paper", 1)
+    with pytest.raises(SuiteError, match="matches no run"):
+        ex.plan_runs(suite, "cpu", 1, only=["nope"])
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ({"presets": {"cpu": {"supernodes": 2}}, "runs": [{"label": "a"}, {"label": "a"}]}, "unique"),
+        ({"presets": {"cpu": {"supernodes": 2}}, "runs": []}, "at least one"),
+        ({"presets": {"cpu": {"supernodes": 0}}, "runs": [{"label": "a"}]}, "supernodes"),
+        ({"presets": {"cpu": {"supernodes": 2}}, "runs": [{"label": "a", "config": "missing.toml"}]}, "no such"),
+        ({"presets": {"cpu": {"supernodes": 2}}, "runs": [{"label": "a", "overrides": {"k": [1]}}]}, "strings"),
+        ({"presets": {"cpu": {"supernodes": 2}}, "runs": [{"label": "a", "seeds": 3}]}, "unknown keys"),
+        ({"preset": {}, "runs": [{"label": "a"}]}, "unknown keys"),
+    ],
+)
+def test_parse_suite_rejects_malformed_suites(tmp_path: Path, doc: dict[str, object], match: str) -> None:
+    with pytest.raises(SuiteError, match=match):
+        ex.parse_suite("bad", doc, base=tmp_path)
+
+
+def test_is_done_needs_summary_and_the_same_run_config(tmp_path: Path) -> None:
+    planned = ex.PlannedRun("L", 42, "l-s42", "method='x' seed=42", 6, 1.0, 60.0)
+    folder = tmp_path / "l-s42"
+    folder.mkdir()
+    (folder / "summary.csv").write_text("method\n")
+    (folder / "rounds.jsonl").write_text("{}\n")
+    assert not ex.is_done(tmp_path, planned)  # no marker: not ours
+    (folder / "experiment.json").write_text(json.dumps({"run-config": "seed=42  method='x'", "supernodes": 6}))
+    assert ex.is_done(tmp_path, planned)  # same pairs in another order
+    (folder / "rounds.jsonl").unlink()
+    assert not ex.is_done(tmp_path, planned)  # no rounds to read: run again
+    (folder / "rounds.jsonl").write_text("{}\n")
+    (folder / "experiment.json").write_text(json.dumps({"run-config": planned.run_config, "supernodes": 8}))
+    assert not ex.is_done(tmp_path, planned)
+    (folder / "experiment.json").write_text(json.dumps({"run-config": "method='y' seed=42", "supernodes": 6}))
+    assert not ex.is_done(tmp_path, planned)  # the suite changed: run again
+
+
+REQUIRED_SUITES = {
+    "tiny",
+    "heterofl",
+    "inclusivefl-table2",
+    "inclusivefl-proportions",
+    "inclusivefl-beta",
+    "flexifed",
+    "codist-table1",
+    "pfedknow-table3",
+}
+
+
+def test_shipped_suites_cover_the_issue_and_every_run_config_validates() -> None:
+    names = set(ex.available_suites())
+    assert names >= REQUIRED_SUITES, REQUIRED_SUITES - names
+    for name in names:
+        suite = ex.load_suite(name)
+        assert {"cpu", "paper"} <= set(suite.presets), name
+        for preset in suite.presets.values():
+            assert preset.notes, (name, preset.name)
+            for run in suite.runs:
+                values = ex.run_config_values(run, preset, ex.BASE_SEED)
+                cfg = RunConfig.from_flower(values)  # raises ConfigError naming the key
+                assert cfg.seed == ex.BASE_SEED
+
+
+def test_inclusivefl_beta_suite_sweeps_the_papers_values() -> None:
+    suite = ex.load_suite("inclusivefl-beta")
+    preset = suite.presets["cpu"]
+    betas = [RunConfig.from_flower(ex.run_config_values(r, preset, 42)).beta for r in suite.runs]
+    assert betas == [0.0, 0.2, 0.5, 0.8, 1.0]
+    props = ex.load_suite("inclusivefl-proportions")
+    assert {str(r.overrides["tier-proportions"]) for r in props.runs} == {"1:1:1", "1:2:7", "7:2:1"}
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ex.main(["heterofl", "--dry-run", "--seeds", "2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": to run") == 8 and "[8/8] HeteroFL a-b-c-d-e seed 43" in out
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "table.md").exists()
+
+
+# ------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tiny_suite_end_to_end(tmp_path: Path) -> None:
+    assert ex.main(["tiny", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "runs" / "inclusivefl-s42"
+    rows = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    final = {t: v["local-accuracy"] for t, v in rows[-1]["tiers"].items()}
+    assert set(final) == {"weak", "medium", "strong"}
+    md = (tmp_path / "table.md").read_text()
+    line = "| InclusiveFL | " + " | ".join(f"{final[t]:.3f}" for t in ("weak", "medium", "strong")) + " | 1 |"
+    assert line in md
+    table = {(r["tier"], r["statistic"]): r for r in csv.DictReader((tmp_path / "table.csv").open())}
+    for tier, acc in final.items():
+        assert float(table[(tier, "final")]["mean"]) == acc and table[(tier, "final")]["n"] == "1"
+        curve = {r["round"]: r["tiers"][tier]["local-accuracy"] for r in rows}
+        assert float(table[(tier, "rounds-to-best")]["mean"]) == ex.rounds_to_best(curve)
+    assert (tmp_path / "convergence.png").read_bytes().startswith(PNG_MAGIC)
+    # resumable: a second call skips the finished run and rewrites the same table
+    before = (folder / "rounds.jsonl").stat().st_mtime
+    assert ex.main(["tiny", "--out", str(tmp_path)]) == 0
+    assert (folder / "rounds.jsonl").stat().st_mtime == before
+    assert line in (tmp_path / "table.md").read_text()
