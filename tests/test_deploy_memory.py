@@ -131,7 +131,8 @@ def test_supernodes_in_memory_cgroups_pick_the_variant_that_fits(tmp_path: Path)
         # and stayed under the limit: nothing OOM-killed, peaks below the limit
         assert kills[tier] == 0, kills
         assert 0 < sampler.peak_rss[tier] < limit, (tier, sampler.peak_rss, limit)
-        assert sampler.peak_sum[tier] < limit, (tier, sampler.peak_sum, limit)
+        # (the sum of the processes' RSS is printed, not asserted: it counts pages the SuperNode and
+        # its ClientApp share -- torch's libraries -- twice; the cgroup's own peak below is exact)
         assert peaks[tier] <= limit, (tier, peaks, limit)
     assert rows[1]["failed"] == [] and rows[1]["rejected"] == [], rows[1]
     print(
