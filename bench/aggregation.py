@@ -36,7 +36,6 @@ import argparse
 import gc
 import logging
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,6 +51,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch import Tensor
 
 from bench.common import write_report
+from bench.heterofl_aggregation import Timing
 from server.app import build_strategy
 from server.config import RunConfig
 from strategies.base import HeterogeneousStrategy, NodeProfile, Sent
@@ -270,23 +270,6 @@ def flower_fedavg(replies: Sequence[Message]) -> ArrayRecord | None:
     """Flower's built-in FedAvg weighted by ``num-examples``."""
     arrays, _ = FedAvg(weighted_by_key="num-examples").aggregate_train(1, replies)
     return arrays
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Seconds of the timed runs."""
-
-    times: tuple[float, ...]
-
-    @property
-    def best(self) -> float:
-        """Fastest run."""
-        return min(self.times)
-
-    @property
-    def median(self) -> float:
-        """Median run."""
-        return statistics.median(self.times)
 
 
 def time_interleaved(
