@@ -7,9 +7,11 @@ the reason), then trains exactly the variant the server sends it.
 
 from __future__ import annotations
 
+import os
 import time
 from functools import lru_cache
 from logging import INFO, WARNING
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -163,14 +165,31 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"profile": record}), reply_to=msg)
 
 
+def process_age() -> float:
+    """Seconds since this process started (for a forked ClientApp: since its fork).
+
+    Linux ``/proc/self/stat`` field 22 (start time in clock ticks after boot) against
+    ``/proc/uptime``; resolution one clock tick; ``0.0`` where ``/proc`` is unavailable.
+    """
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received variant locally; return its trainable weights.
 
-    ``train-seconds`` (wall time of this handler: rebuild, data, training) lets a round's
-    time be split into training and fixed overhead (process start, imports, polling).
+    ``train-seconds`` (wall time of this handler: rebuild, data, training) and
+    ``startup-seconds`` (age of this ClientApp process when the handler began: its start or
+    fork, imports, pulling the message, installing the FAB) let a round's time be split into
+    training and fixed overhead.
     """
     started = time.perf_counter()
+    startup = process_age()
     cfg = run_config(context)
     seed = train_seed(cfg.seed, context, int(msg.content["config"]["server-round"]))  # type: ignore[arg-type, index]
     torch.manual_seed(seed)
@@ -179,7 +198,7 @@ def train(msg: Message, context: Context) -> Message:
         shapes = {p.name: tuple(p.shape) for p in light.layout}
         return pfedknow_train(
             msg, cfg.family().build(light), shapes, cfg.data_spec(), _partition_ids(context),
-            settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed,
+            settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed, family=cfg.family(),
         )  # fmt: skip
     model, variant = _model_for(msg, cfg)
     train_loader, _, n_train = local_loaders(context, cfg)
@@ -196,12 +215,14 @@ def train(msg: Message, context: Context) -> Message:
                     "train-loss": loss,
                     "layers": variant.depth,
                     "train-seconds": time.perf_counter() - started,
+                    "startup-seconds": startup,
                 }
             ),
             "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
         }
     )
-    log(INFO, "trained %s on %d examples, loss %.4f", variant.name, n_train, loss)
+    log(INFO, "trained %s on %d examples, loss %.4f (process age at start %.2f s, handler %.2f s)",
+        variant.name, n_train, loss, startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)
 
 
@@ -212,6 +233,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     Families with data-dependent normalization (the CNNs' static batch norm) first
     recompute its statistics on this node's training data (HeteroFL's sBN, per client).
     """
+    started, startup = time.perf_counter(), process_age()
     cfg = run_config(context)
     model, _ = _model_for(msg, cfg)
     train_loader, test_loader, _ = local_loaders(context, cfg)
@@ -224,4 +246,6 @@ def evaluate(msg: Message, context: Context) -> Message:
             "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
         }
     )
+    log(INFO, "evaluated on %d examples (process age at start %.2f s, handler %.2f s)",
+        n, startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)

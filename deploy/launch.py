@@ -43,6 +43,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from client.warm import enabled as warm_enabled
+from client.warm import shim_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -63,6 +66,10 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         }
     )
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    if warm_enabled():
+        # SuperNodes start `flower-superexec` from PATH: the warm one forks each ClientApp
+        # from a process that has imported torch & co. once (client/warm.py)
+        env["PATH"] = f"{shim_dir(flwr_home)}{os.pathsep}{env['PATH']}"
     return env
 
 

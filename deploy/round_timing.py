@@ -2,17 +2,18 @@
 
 Usage::
 
-    python -m deploy.round_timing [--rounds 3] [--before] [--out results/round-timing]
+    python -m deploy.round_timing [--rounds 3] [--modes cold,warm] [--out results/round-timing]
 
 Runs the tiny model on a loopback cluster (one SuperLink, weak / medium / strong
-SuperNodes over gRPC) and prints, per round, the server-side wall time of the round
-(``seconds`` in ``rounds.jsonl``: from ``configure_train`` to the end of evaluation), the
-training time the slowest ClientApp reported (``train-seconds``: rebuilding the variant,
-loading data, local steps) and the rest: fixed overhead (a fresh ``flwr-clientapp``
-process per message with its imports, SuperNode / SuperExec / grid polling, transfers).
-It also times the ClientApp module import alone.  ``--before`` restores Flower's default
-poll intervals (SuperExec 1 s, reply polling 3 s) to measure what the launcher's and the
-strategy's shorter ones save.
+SuperNodes over gRPC) once per mode and prints, per round, the server-side wall time of the
+round (``seconds`` in ``rounds.jsonl``: from ``configure_train`` to the end of evaluation),
+the slowest ClientApp's training handler (``train-seconds``: rebuilding the variant, loading
+data, local steps), the slowest ClientApp's start-up (``startup-seconds``: age of its process
+when the train handler began -- process start or fork, imports, pulling the message, FAB)
+and the rest (evaluation messages, polling, transfers, the server's own work).  Modes:
+``cold`` (a fresh ``flwr-clientapp`` per message), ``warm`` (the launcher's default:
+ClientApps forked from a pre-warmed SuperExec, :mod:`client.warm`), ``flower`` (cold with
+Flower's default poll intervals).  It also times the ClientApp module import alone.
 """
 
 from __future__ import annotations
@@ -45,39 +46,78 @@ def import_seconds(module: str = "client.app", repeats: int = 2) -> float:
     return best
 
 
+def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[str, float]] | None:
+    """One loopback run in ``mode``; per round: seconds, slowest training, slowest start-up.
+
+    Modes: ``warm`` (the launcher's defaults: warm SuperExec, short polls), ``cold`` (a fresh
+    ``flwr-clientapp`` process per message, short polls), ``flower`` (cold and Flower's default
+    poll intervals: SuperExec 1 s, reply polling 3 s).
+    """
+    from tests.flower_runs import tiny_budgets
+
+    modes = {
+        "warm": {"HETFL_WARM_EXECUTOR": "1"},
+        "cold": {"HETFL_WARM_EXECUTOR": "0"},
+        "flower": {"HETFL_WARM_EXECUTOR": "0", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0", "HETFL_REPLY_POLL_S": "3"},
+    }
+    env = modes[mode]
+    saved = {
+        k: os.environ.get(k) for k in ("HETFL_WARM_EXECUTOR", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "HETFL_REPLY_POLL_S")
+    }
+    os.environ.update(env)
+    try:
+        t0 = time.perf_counter()
+        outcome = run_loopback(
+            tiers=["weak", "medium", "strong"],
+            run_config=f"{TINY} num-server-rounds={rounds} tier-memory-mb='{tiny_budgets()}'",
+            results_dir=out, run_name=mode, ports=Ports(port_base, port_base + 1, port_base + 2),
+            flwr_home=out / f"flwr-home-{mode}", echo=False,
+        )  # fmt: skip
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if not outcome.ok:
+        print(outcome.log[-3000:], file=sys.stderr)
+        return None
+    rows = [json.loads(x) for x in (outcome.results / "rounds.jsonl").read_text().splitlines() if x.strip()]
+    print(f"[{mode}] whole run {time.perf_counter() - t0:.1f} s (cluster start, {rounds} rounds, shutdown)")
+    return [
+        {
+            "round": r["round"],
+            "seconds": r["seconds"],
+            "train": max((t.get("train-seconds", 0.0) for t in r["tiers"].values()), default=0.0),
+            "startup": max((t.get("startup-seconds", 0.0) for t in r["tiers"].values()), default=0.0),
+        }
+        for r in rows[1:]
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--before", action="store_true", help="Flower's default poll intervals")
+    parser.add_argument("--modes", default="cold,warm", help="comma-separated: warm, cold, flower")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--port-base", type=int, default=19392)
     args = parser.parse_args(argv)
-    from tests.flower_runs import tiny_budgets
-
-    if args.before:
-        os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "1.0"
-        os.environ["HETFL_REPLY_POLL_S"] = "3"
     out = args.out or Path(tempfile.mkdtemp(prefix="round-timing-"))
-    label = "before" if args.before else "after"
-    t0 = time.perf_counter()
-    outcome = run_loopback(
-        tiers=["weak", "medium", "strong"],
-        run_config=f"{TINY} num-server-rounds={args.rounds} tier-memory-mb='{tiny_budgets()}'",
-        results_dir=out, run_name=label,
-        ports=Ports(args.port_base, args.port_base + 1, args.port_base + 2),
-        flwr_home=out / f"flwr-home-{label}", echo=False,
-    )  # fmt: skip
-    total = time.perf_counter() - t0
-    if not outcome.ok:
-        print(outcome.log[-3000:], file=sys.stderr)
-        return 1
-    rows = [json.loads(x) for x in (outcome.results / "rounds.jsonl").read_text().splitlines() if x.strip()]
-    print(f"[{label}] whole run {total:.1f} s (cluster start, {args.rounds} rounds, shutdown)")
-    print(f"{'round':>5} {'seconds':>8} {'train':>7} {'overhead':>9}")
-    for r in rows[1:]:
-        train = max((t.get("train-seconds", 0.0) for t in r["tiers"].values()), default=0.0)
-        print(f"{r['round']:>5} {r['seconds']:>8.1f} {train:>7.2f} {r['seconds'] - train:>9.1f}")
+    results: dict[str, list[dict[str, float]]] = {}
+    for mode in args.modes.split(","):
+        rows = run_mode(mode.strip(), rounds=args.rounds, out=out, port_base=args.port_base)
+        if rows is None:
+            return 1
+        results[mode.strip()] = rows
+    print(f"{'mode':>6} {'round':>5} {'seconds':>8} {'train':>7} {'start-up':>9} {'other':>7}")
+    for mode, rows in results.items():
+        for r in rows:
+            other = r["seconds"] - r["train"] - r["startup"]
+            print(
+                f"{mode:>6} {r['round']:>5} {r['seconds']:>8.1f} {r['train']:>7.2f} {r['startup']:>9.2f} {other:>7.1f}"
+            )
+    (out / "round-timing.json").write_text(json.dumps(results, indent=1))
     print(f"fresh interpreter importing client.app: {import_seconds():.2f} s")
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -44,8 +45,10 @@ def load(name: str) -> dict[str, Any]:
 
 
 @cache
+@cache
 def help_flags(binary: str) -> set[str]:
-    out = subprocess.run([str(BIN / binary), "--help"], capture_output=True, text=True, check=False)
+    cmd = [sys.executable, "-m", binary] if binary == "client.warm" else [str(BIN / binary)]
+    out = subprocess.run([*cmd, "--help"], capture_output=True, text=True, check=False, cwd=ROOT)
     return set(re.findall(r"--[a-z][a-z0-9-]+", out.stdout + out.stderr))
 
 
@@ -89,7 +92,7 @@ def test_compose_cluster_matches_flower_binaries_versions_and_tier_budgets() -> 
         partitions.append(node_cfg["partition-id"])
         assert node_cfg["num-partitions"] == len(TIERS)
         # the ClientApp container of this SuperNode: its memory limit is the tier budget ...
-        assert flags(app["command"]) <= help_flags("flower-superexec")
+        assert flags(app["command"]) <= help_flags("client.warm")
         assert app["command"][-1] == f"supernode-{tier}:9094"
         limit = mib(app["mem_limit"])
         assert mib(app["memswap_limit"]) == limit  # no swap beyond the limit
@@ -134,6 +137,10 @@ def test_dockerfile_pins_flower_torch_and_the_projects_dependencies() -> None:
     assert f"ARG TORCH_VERSION={torch.__version__.split('+')[0]}" in text
     assert "download.pytorch.org/whl/cpu" in text  # CPU torch: no CUDA libraries in edge images
     assert {"clientapp", "serverapp"} <= set(re.findall(r"^FROM \S+ AS (\w+)", text, re.M))
+    # ClientApp containers run the warm SuperExec: flower-superexec's flags, forked ClientApps
+    clientapp = text.split("AS clientapp", 1)[1].split("FROM ", 1)[0]
+    assert 'ENTRYPOINT ["python", "-m", "client.warm"]' in clientapp
+    assert help_flags("client.warm") == help_flags("flower-superexec")
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     wanted = {re.split(r"[\[<>=!~ ]", d)[0].lower() for d in deps} - {"flwr", "torch"}
     listed = {

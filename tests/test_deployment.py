@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,8 @@ def test_loopback_deployment_one_round_each_node_gets_its_tier(tmp_path: Path) -
         # node-config tier 'weak' -> budget from tier-memory-mb -> variant 'weak', etc.
         assert tiers[tier]["clients"] == 1, tiers
         assert tiers[tier]["layers"] == depths[tier], tiers
+        # its ClientApps (query, train, evaluate) were forked from one warm SuperExec zygote
+        node_log = (tmp_path / "loopback" / "logs" / f"supernode-{tier}.log").read_text(errors="replace")
+        assert len(re.findall(r"\[client\.warm\] zygote \d+ ready", node_log)) == 1, node_log[-3000:]
+        assert "trained" in node_log and "evaluated on" in node_log, node_log[-3000:]
+        assert tiers[tier]["startup-seconds"] >= 0.0

@@ -1,0 +1,308 @@
+"""A SuperExec whose ClientApp processes are forked from a pre-warmed parent.
+
+Flower's SuperExec starts a fresh ``flwr-clientapp`` process for every message a SuperNode
+receives (``train``, ``evaluate``, ...).  On a 2-core edge device most of that process's life
+is its imports: torch, transformers, datasets and flwr-datasets take ~7-9 s before the
+ClientApp runs a single step, and a round pays it twice per node.
+
+``python -m client.warm`` is ``flower-superexec`` (same arguments, same task polling, same
+``--parent-pid`` monitoring; Flower's own code does all of it) with one change: ClientApp
+tasks are not started with ``subprocess.Popen(["flwr-clientapp", ...])`` but forked from a
+*zygote*, a process that has imported the ClientApp's dependencies once.  A forked child
+runs Flower's own ``run_clientapp`` (pull the message, install the FAB, load the ClientApp,
+run it, push the reply, exit), so per message the process is still new: memory is released
+at exit and nothing of one message's state reaches the next; only the third-party modules'
+import cost is paid once per SuperExec instead of once per message.
+
+* The zygote is started (``python -m client.warm --zygote``, a clean single-threaded
+  process) on the first ClientApp task; other task types (ServerApp on a SuperLink) are
+  launched by Flower's ``SubprocessExecutor`` unchanged.
+* It imports :data:`PRELOAD` (``HETFL_WARM_PRELOAD``, comma-separated, default
+  ``client.app``) and then forgets the project's own modules
+  (:data:`PROJECT_PACKAGES`), so every child imports the project from the FAB it received,
+  exactly as ``flwr-clientapp`` would, and only torch & co. are inherited.
+* Children reseed Python's and numpy's global generators from the OS (a fresh process would
+  have); torch's default generator is in its fresh-process state (the zygote draws nothing).
+* When the SuperExec dies its pipe closes and the zygote exits; children watch the
+  SuperExec's pid like ``flwr-clientapp`` does.  If the zygote dies, the next task starts a
+  new one; if that fails, the task is launched as a plain subprocess.
+* ``HETFL_WARM_EXECUTOR=0`` turns it off (every task a plain ``flwr-clientapp`` process).
+
+Use it where ``flower-superexec`` would be used: ``--isolation process`` with
+``python -m client.warm --insecure --runtime-api-address SUPERNODE:9094``, or (what
+:mod:`deploy.launch` does) ``--isolation subprocess`` with :func:`shim_dir` first on
+``PATH`` so that the SuperNode's own ``flower-superexec`` is this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import IO, Any
+
+#: Modules the zygote imports before forking (``HETFL_WARM_PRELOAD`` overrides).
+PRELOAD = ("client.app",)
+#: The project's top-level packages: dropped from the zygote after the preload so that each
+#: ClientApp imports them from its own FAB.
+PROJECT_PACKAGES = frozenset({"client", "models", "server", "strategies", "deploy", "bench", "tests"})
+ENABLE_ENV = "HETFL_WARM_EXECUTOR"
+PRELOAD_ENV = "HETFL_WARM_PRELOAD"
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """What one forked ClientApp needs: the fields of Flower's ``ExecutionSpec`` it reads."""
+
+    runtime_api_address: str
+    token: str
+    insecure: bool
+    root_certificates_path: str | None
+    runtime_dependency_install: bool
+    parent_pid: int | None
+    suppress_output: bool
+
+    def to_line(self) -> bytes:
+        """One JSON line (the zygote's wire format)."""
+        return (json.dumps(asdict(self)) + "\n").encode()
+
+    @classmethod
+    def from_line(cls, line: bytes) -> ChildSpec:
+        """Parse :meth:`to_line`'s output; raises ``ValueError`` (naming the field) if malformed."""
+        raw = json.loads(line)
+        if not isinstance(raw, dict):
+            raise ValueError("a launch request must be a JSON object")
+        fields = cls.__dataclass_fields__
+        missing = sorted(set(fields) - set(raw))
+        if missing:
+            raise ValueError(f"launch request lacks {', '.join(missing)}")
+        if not isinstance(raw["token"], str) or not raw["token"].strip():
+            raise ValueError("launch request field 'token' must be a non-empty string")
+        if not isinstance(raw["runtime_api_address"], str) or not raw["runtime_api_address"].strip():
+            raise ValueError("launch request field 'runtime_api_address' must be a non-empty string")
+        return cls(**{k: raw[k] for k in fields})
+
+
+def enabled() -> bool:
+    """Whether ClientApp tasks are forked (``HETFL_WARM_EXECUTOR`` not ``0``/``false``/``off``)."""
+    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+
+
+def preload_modules() -> tuple[str, ...]:
+    """The modules to preload: ``HETFL_WARM_PRELOAD`` (comma-separated) or :data:`PRELOAD`."""
+    raw = os.environ.get(PRELOAD_ENV)
+    if raw is None:
+        return PRELOAD
+    return tuple(m.strip() for m in raw.split(",") if m.strip())
+
+
+def forget_project_modules(modules: dict[str, Any], packages: frozenset[str] = PROJECT_PACKAGES) -> list[str]:
+    """Remove the project's own modules from ``modules`` (``sys.modules``); return their names."""
+    names = [name for name in modules if name.partition(".")[0] in packages]
+    for name in names:
+        del modules[name]
+    return names
+
+
+# --------------------------------------------------------------------------- zygote
+
+
+def _reap(*_: object) -> None:
+    """Collect every finished child (SIGCHLD handler of the zygote)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _run_child(spec: ChildSpec) -> int:
+    """Body of a forked child: Flower's ``flwr-clientapp`` for one task; returns its exit code."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    if spec.suppress_output:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    os.close(devnull)
+    random.seed()
+    import numpy as np
+
+    np.random.seed(int.from_bytes(os.urandom(4), "little"))
+    sys.argv = ["flwr-clientapp", "--runtime-api-address", spec.runtime_api_address, "--token", "***"]
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    try:
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+            parent_pid=spec.parent_pid,
+            runtime_dependency_install=spec.runtime_dependency_install,
+        )
+    except SystemExit as exit_:  # flwr_exit ends every task this way
+        return exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException as exc:
+        print(f"[client.warm] ClientApp child failed: {exc!r}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def zygote(stdin: IO[bytes] | None = None) -> int:
+    """Preload, then fork one child per launch request line read from ``stdin``; exit on EOF."""
+    from flwr.common import log
+
+    for module in preload_modules():
+        try:
+            __import__(module)
+        except Exception as exc:
+            log(WARNING, "[client.warm] preloading %s failed (%r); children import it themselves", module, exc)
+    dropped = forget_project_modules(sys.modules)
+    log(INFO, "[client.warm] zygote %d ready: %d modules loaded (%d project modules left to the FAB)",
+        os.getpid(), len(sys.modules), len(dropped))  # fmt: skip
+    signal.signal(signal.SIGCHLD, _reap)
+    stream = stdin if stdin is not None else sys.stdin.buffer
+    for line in iter(stream.readline, b""):
+        try:
+            spec = ChildSpec.from_line(line)
+        except ValueError as exc:
+            log(WARNING, "[client.warm] ignored a malformed launch request: %s", exc)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _run_child(spec)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+    return 0
+
+
+# --------------------------------------------------------------------------- executor
+
+
+class WarmExecutor:
+    """Flower ``Executor`` that forks ClientApp tasks from a zygote, the rest as subprocesses."""
+
+    def __init__(self) -> None:
+        from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+
+        self._cold = SubprocessExecutor()
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def get_eligible_capacity(self, supported_task_types: Any, **kwargs: Any) -> Any:
+        """As Flower's subprocess executor: every task type, no capacity wait."""
+        return self._cold.get_eligible_capacity(supported_task_types, **kwargs)
+
+    def wait_for_capacity(self, task_type: Any = None, **kwargs: Any) -> None:
+        """No capacity gate."""
+        self._cold.wait_for_capacity(task_type, **kwargs)
+
+    def _start_zygote(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "client.warm", "--zygote"], stdin=subprocess.PIPE)
+
+    def launch(self, spec: Any) -> Any:
+        """Fork a ClientApp task from the zygote (started on first use); other tasks cold."""
+        from flwr.common import log
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor.types import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:
+            return self._cold.launch(spec)
+        line = ChildSpec(
+            runtime_api_address=spec.runtime_api_address, token=spec.token, insecure=spec.insecure,
+            root_certificates_path=spec.root_certificates_path,
+            runtime_dependency_install=spec.runtime_dependency_install, parent_pid=spec.parent_pid,
+            suppress_output=spec.suppress_output,
+        ).to_line()  # fmt: skip
+        with self._lock:
+            for attempt in range(2):
+                if self._zygote is None or self._zygote.poll() is not None:
+                    if self._zygote is not None:
+                        log(
+                            WARNING,
+                            "[client.warm] zygote exited (code %s); starting a new one",
+                            self._zygote.returncode,
+                        )
+                    self._zygote = self._start_zygote()
+                try:
+                    assert self._zygote.stdin is not None
+                    self._zygote.stdin.write(line)
+                    self._zygote.stdin.flush()
+                    return LaunchResult.accepted()
+                except OSError as exc:
+                    log(WARNING, "[client.warm] zygote unreachable (%r), attempt %d", exc, attempt + 1)
+                    self._zygote = None
+        log(WARNING, "[client.warm] task %d launched cold (no zygote)", spec.task_id)
+        return self._cold.launch(spec)
+
+    def close(self) -> None:
+        """Close the zygote's pipe (it exits on EOF) and wait briefly for it."""
+        with self._lock:
+            z, self._zygote = self._zygote, None
+        if z is None:
+            return
+        try:
+            if z.stdin is not None:
+                z.stdin.close()
+            z.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            z.kill()
+
+    def reconcile(self) -> None:
+        """Nothing to reconcile (no pool)."""
+
+
+def shim_dir(home: Path) -> Path:
+    """A directory with a ``flower-superexec`` that runs this module (put it first on ``PATH``).
+
+    A SuperNode in ``subprocess`` isolation starts ``flower-superexec`` from ``PATH``; with
+    this directory first it starts the warm SuperExec instead, with the same arguments.
+    """
+    path = home / "warm-bin"
+    path.mkdir(parents=True, exist_ok=True)
+    shim = path / "flower-superexec"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m client.warm "$@"\n')
+    shim.chmod(0o755)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m client.warm [flower-superexec args]`` or ``--zygote`` (internal)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--zygote"]:
+        return zygote()
+    import flwr.supercore.superexec.run_superexec as run_superexec
+    from flwr.supercore.cli import flower_superexec
+    from flwr.supercore.constant import ExecutorType
+
+    if enabled():
+        flower_get_executor = run_superexec.get_executor
+
+        def get_executor(executor_type: Any, executor_config: Any = None, **kwargs: Any) -> Any:
+            if executor_type == ExecutorType.SUBPROCESS:
+                return WarmExecutor()
+            return flower_get_executor(executor_type, executor_config, **kwargs)
+
+        run_superexec.get_executor = get_executor  # type: ignore[assignment]
+    sys.argv = ["flower-superexec", *args]
+    flower_superexec()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
