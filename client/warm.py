@@ -14,9 +14,11 @@ run it, push the reply, exit), so per message the process is still new: memory i
 at exit and nothing of one message's state reaches the next; only the third-party modules'
 import cost is paid once per SuperExec instead of once per message.
 
-* The zygote is started (``python -m client.warm --zygote``, a clean single-threaded
-  process) on the first ClientApp task; other task types (ServerApp on a SuperLink) are
-  launched by Flower's ``SubprocessExecutor`` unchanged.
+* The zygote (``python -m client.warm --zygote``, a clean single-threaded process) starts
+  with a SuperNode's SuperExec (on a SuperLink's, only at a first ClientApp task); until it has
+  preloaded, ClientApp tasks are launched cold, so no task waits for it (a task that does not
+  heartbeat soon is expired by the SuperNode).  Other task types (ServerApp) are launched by
+  Flower's ``SubprocessExecutor`` unchanged.
 * It imports :data:`PRELOAD` (``HETFL_WARM_PRELOAD``, comma-separated, default
   ``client.app``) and then forgets the project's own modules
   (:data:`PROJECT_PACKAGES`), so every child imports the project from the FAB it received,
@@ -39,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -125,9 +128,20 @@ def _reap(*_: object) -> None:
             return
 
 
+def _set_process_name(name: bytes) -> None:
+    """Name this process (``/proc/PID/comm``, what ``ps``/``top`` show) where Linux allows it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def _run_child(spec: ChildSpec) -> int:
     """Body of a forked child: Flower's ``flwr-clientapp`` for one task; returns its exit code."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _set_process_name(b"flwr-clientapp")
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     if spec.suppress_output:
@@ -159,8 +173,11 @@ def _run_child(spec: ChildSpec) -> int:
     return 0
 
 
-def zygote(stdin: IO[bytes] | None = None) -> int:
-    """Preload, then fork one child per launch request line read from ``stdin``; exit on EOF."""
+def zygote(stdin: IO[bytes] | None = None, ready_fd: int | None = None) -> int:
+    """Preload, then fork one child per launch request line read from ``stdin``; exit on EOF.
+
+    After the preload it writes ``ready`` to ``ready_fd`` (and closes it, so no child inherits it).
+    """
     from flwr.common import log
 
     for module in preload_modules():
@@ -171,6 +188,9 @@ def zygote(stdin: IO[bytes] | None = None) -> int:
     dropped = forget_project_modules(sys.modules)
     log(INFO, "[client.warm] zygote %d ready: %d modules loaded (%d project modules left to the FAB)",
         os.getpid(), len(sys.modules), len(dropped))  # fmt: skip
+    if ready_fd is not None:
+        os.write(ready_fd, b"ready\n")
+        os.close(ready_fd)
     signal.signal(signal.SIGCHLD, _reap)
     stream = stdin if stdin is not None else sys.stdin.buffer
     for line in iter(stream.readline, b""):
@@ -195,14 +215,24 @@ def zygote(stdin: IO[bytes] | None = None) -> int:
 
 
 class WarmExecutor:
-    """Flower ``Executor`` that forks ClientApp tasks from a zygote, the rest as subprocesses."""
+    """Flower ``Executor`` that forks ClientApp tasks from a zygote, the rest as subprocesses.
 
-    def __init__(self) -> None:
+    The zygote starts at construction when ``eager`` (a SuperNode's SuperExec), else on the
+    first ClientApp task.  Until it reports ready, ClientApp tasks are launched cold: a task
+    must heartbeat soon after its launch or the SuperNode expires its token, so none waits for
+    the preload.
+    """
+
+    def __init__(self, *, eager: bool = True) -> None:
         from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
 
         self._cold = SubprocessExecutor()
         self._zygote: subprocess.Popen[bytes] | None = None
+        self._ready_fd: int | None = None
+        self._ready = False
         self._lock = threading.Lock()
+        if eager:
+            self._start_zygote()
 
     def get_eligible_capacity(self, supported_task_types: Any, **kwargs: Any) -> Any:
         """As Flower's subprocess executor: every task type, no capacity wait."""
@@ -212,11 +242,29 @@ class WarmExecutor:
         """No capacity gate."""
         self._cold.wait_for_capacity(task_type, **kwargs)
 
-    def _start_zygote(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "client.warm", "--zygote"], stdin=subprocess.PIPE)
+    def _start_zygote(self) -> None:
+        read_fd, write_fd = os.pipe()
+        self._zygote = subprocess.Popen(
+            [sys.executable, "-m", "client.warm", "--zygote", str(write_fd)], stdin=subprocess.PIPE,
+            pass_fds=(write_fd,),
+        )  # fmt: skip
+        os.close(write_fd)
+        self._ready_fd, self._ready = read_fd, False
+
+    def _zygote_ready(self) -> bool:
+        """Whether the zygote is alive and done preloading (never blocks)."""
+        if self._zygote is None or self._zygote.poll() is not None:
+            return False
+        if not self._ready and self._ready_fd is not None:
+            readable, _, _ = select.select([self._ready_fd], [], [], 0)
+            if readable:
+                self._ready = os.read(self._ready_fd, 16).startswith(b"ready")
+                os.close(self._ready_fd)
+                self._ready_fd = None
+        return self._ready
 
     def launch(self, spec: Any) -> Any:
-        """Fork a ClientApp task from the zygote (started on first use); other tasks cold."""
+        """Fork a ClientApp task from the zygote once it is ready; everything else cold."""
         from flwr.common import log
         from flwr.supercore.constant import TaskType
         from flwr.supercore.superexec.executor.types import LaunchResult
@@ -230,30 +278,29 @@ class WarmExecutor:
             suppress_output=spec.suppress_output,
         ).to_line()  # fmt: skip
         with self._lock:
-            for attempt in range(2):
-                if self._zygote is None or self._zygote.poll() is not None:
-                    if self._zygote is not None:
-                        log(
-                            WARNING,
-                            "[client.warm] zygote exited (code %s); starting a new one",
-                            self._zygote.returncode,
-                        )
-                    self._zygote = self._start_zygote()
+            if self._zygote is None or self._zygote.poll() is not None:
+                if self._zygote is not None:
+                    log(WARNING, "[client.warm] zygote exited (code %s); starting a new one", self._zygote.returncode)
+                self._start_zygote()
+            if self._zygote_ready():
                 try:
-                    assert self._zygote.stdin is not None
+                    assert self._zygote is not None and self._zygote.stdin is not None
                     self._zygote.stdin.write(line)
                     self._zygote.stdin.flush()
                     return LaunchResult.accepted()
                 except OSError as exc:
-                    log(WARNING, "[client.warm] zygote unreachable (%r), attempt %d", exc, attempt + 1)
-                    self._zygote = None
-        log(WARNING, "[client.warm] task %d launched cold (no zygote)", spec.task_id)
+                    log(WARNING, "[client.warm] zygote unreachable (%r)", exc)
+                    self._zygote, self._ready = None, False
+            log(INFO, "[client.warm] task %d launched cold (zygote not ready yet)", spec.task_id)
         return self._cold.launch(spec)
 
     def close(self) -> None:
         """Close the zygote's pipe (it exits on EOF) and wait briefly for it."""
         with self._lock:
             z, self._zygote = self._zygote, None
+            if self._ready_fd is not None:
+                os.close(self._ready_fd)
+                self._ready_fd = None
         if z is None:
             return
         try:
@@ -265,6 +312,23 @@ class WarmExecutor:
 
     def reconcile(self) -> None:
         """Nothing to reconcile (no pool)."""
+
+
+def serves_clientapps(argv: list[str]) -> bool:
+    """Whether a SuperExec started with ``argv`` runs a SuperNode's tasks (start the zygote now).
+
+    True without ``--parent-pid`` (a standalone SuperExec next to a ``--isolation process``
+    SuperNode, as in the ClientApp image) or when the parent is a ``flower-supernode``; false
+    for a SuperLink's SuperExec, which runs ServerApps (cold) and starts a zygote only if it
+    ever gets a ClientApp task.
+    """
+    if "--parent-pid" not in argv[:-1]:
+        return True
+    parent = argv[argv.index("--parent-pid") + 1]
+    try:
+        return b"flower-supernode" in Path(f"/proc/{int(parent)}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return True
 
 
 def shim_dir(home: Path) -> Path:
@@ -285,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m client.warm [flower-superexec args]`` or ``--zygote`` (internal)."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--zygote"]:
-        return zygote()
+        return zygote(ready_fd=int(args[1]) if len(args) > 1 else None)
     import flwr.supercore.superexec.run_superexec as run_superexec
     from flwr.supercore.cli import flower_superexec
     from flwr.supercore.constant import ExecutorType
@@ -295,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def get_executor(executor_type: Any, executor_config: Any = None, **kwargs: Any) -> Any:
             if executor_type == ExecutorType.SUBPROCESS:
-                return WarmExecutor()
+                return WarmExecutor(eager=serves_clientapps(args))
             return flower_get_executor(executor_type, executor_config, **kwargs)
 
         run_superexec.get_executor = get_executor  # type: ignore[assignment]

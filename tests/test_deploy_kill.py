@@ -27,15 +27,17 @@ TIERS = ["weak", "medium", "strong"]
 
 
 def clientapp_pids(group: int) -> list[int]:
-    """``flwr-clientapp`` processes in process group ``group`` (the SuperNode's session)."""
+    """ClientApp processes in process group ``group`` (the SuperNode's session): fresh
+    ``flwr-clientapp`` processes, or children the warm SuperExec forked (named ``flwr-clientapp``)."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            head, tail = stat.read_text().rsplit(")", 1)
+            fields = tail.split()
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[2]) == group and b"flwr-clientapp" in cmdline:
+        if int(fields[2]) == group and (b"flwr-clientapp" in cmdline or head.endswith("(flwr-clientapp")):
             pids.append(int(stat.parent.name))
     return pids
 

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from client.warm import PROJECT_PACKAGES, ChildSpec, enabled, forget_project_modules, preload_modules, shim_dir
+from client.warm import (
+    PROJECT_PACKAGES,
+    ChildSpec,
+    WarmExecutor,
+    enabled,
+    forget_project_modules,
+    preload_modules,
+    serves_clientapps,
+    shim_dir,
+)
 
 SPEC = ChildSpec(
     runtime_api_address="127.0.0.1:9094", token="tok-1", insecure=True, root_certificates_path=None,
@@ -103,3 +112,24 @@ def test_zygote_forks_one_child_per_request_skips_malformed_and_exits_on_eof(tmp
     assert len({draw for _, _, draw in lines.values()}) == 3
     assert proc.stderr is not None
     assert b"malformed launch request" in proc.stderr.read()
+
+
+def test_supernode_superexecs_start_the_zygote_eagerly_superlink_ones_do_not() -> None:
+    assert serves_clientapps(["--insecure", "--runtime-api-address", "h:9094"])  # standalone (process isolation)
+    assert not serves_clientapps(["--parent-pid", str(os.getpid())])  # parent is pytest, not a SuperNode
+    assert serves_clientapps(["--parent-pid", "not-a-pid"])
+
+
+def test_executor_reports_ready_only_after_the_preload_and_stops_the_zygote(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETFL_WARM_PRELOAD", "json")
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    executor = WarmExecutor(eager=True)
+    zygote = executor._zygote
+    assert zygote is not None
+    deadline = time.time() + 60
+    while not executor._zygote_ready():
+        assert time.time() < deadline, "the zygote never reported ready"
+        time.sleep(0.05)
+    executor.close()
+    assert zygote.wait(timeout=10) == 0  # EOF on its pipe ends it
+    assert not executor._zygote_ready()
