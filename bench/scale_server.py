@@ -86,11 +86,12 @@ def child(clients: int, per_round: int, rounds: int, model: str) -> dict[str, An
     grid = FakeGrid(clients, variant)
     gc.collect()
     baseline = anon_rss_mb()
-    times, sampled = [], []
+    times, configure, sampled = [], [], []
     with PeakSampler() as sampler:
         for r in range(1, rounds + 1):
             start = time.perf_counter()
             msgs = list(strategy.configure_train(r, arrays, ConfigRecord({}), grid))  # type: ignore[arg-type]
+            configure.append(time.perf_counter() - start)
             for i, m in enumerate(msgs):
                 _set_message_id(m, f"t-{r}-{i}")
             replies = (
@@ -115,6 +116,7 @@ def child(clients: int, per_round: int, rounds: int, model: str) -> dict[str, An
         "clients": clients,
         "per_round": sampled,
         "round_s": times,
+        "configure_train_s": configure,
         "peak_growth_mb": sampler.peak - baseline,
         "baseline_mb": baseline,
     }
@@ -153,14 +155,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return {}
     rows = []
     print(f"model {a.model}, {a.per_round} clients per round, {a.rounds} rounds, fresh subprocess per N")
-    print(f"{'clients':>8}{'sampled':>9}{'round 1 s':>11}{'later rounds s':>16}{'peak RSS+ MB':>14}")
+    print(f"{'clients':>8}{'sampled':>9}{'round 1 s':>11}{'peak RSS+ MB':>14}  later rounds s (configure_train s)")
     for n in (int(x) for x in a.clients_list.split(",")):
         r = measure(n, a.per_round, a.rounds, a.model)
         rows.append(r)
-        later = ", ".join(f"{t:.3f}" for t in r["round_s"][1:])
-        print(
-            f"{n:>8}{r['per_round'][-1]:>9}{r['round_s'][0]:>11.3f}{later:>16}{r['peak_growth_mb']:>14.1f}", flush=True
+        later = ", ".join(
+            f"{t:.3f} ({c:.3f})" for t, c in zip(r["round_s"][1:], r["configure_train_s"][1:], strict=True)
         )
+        print(f"{n:>8}{r['per_round'][-1]:>9}{r['round_s'][0]:>11.3f}{r['peak_growth_mb']:>14.1f}  {later}", flush=True)
     report = {"per_round": a.per_round, "rounds": a.rounds, "model": a.model, "rows": rows}
     write_report(a.json, report)
     return report

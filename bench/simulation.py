@@ -6,8 +6,9 @@
     (``client-resources-num-cpus=2`` on this 2-core machine, so Ray runs the ClientApps
     serially); the round's wall time comes from the run's ``rounds.jsonl`` (``seconds``, from
     ``configure_train`` to the end of the round: messages, training, aggregation, the server's
-    central evaluation).  Against it, in a fresh process, the *same local training as a bare
-    PyTorch loop over the same clients*: per client its data partition (the client's own
+    central evaluation).  Against it, in this process right after the simulation and in the
+    same hold of the lock, the *same local training as a bare PyTorch loop over the same
+    clients*: per client its data partition (the client's own
     loaders), the variant built and loaded with the round's weights, ``train_classifier`` with
     the run's settings -- everything the ClientApp does except Flower.  Flower's share of a
     round after warm-up (rounds >= 2) is ``1 - bare / round``.
@@ -18,13 +19,16 @@
     includes the handshake, which queries every node once; round 2 is the steady state.
 
 Every simulation runs under ``flock /tmp/hetfl-sim.lock`` (one simulation at a time on this
-shared machine).  Run ``python -m bench.simulation --help``; ``--smoke`` runs only the bare
-loop part on 2 clients (no Ray), which is what the test suite covers.
+shared machine), which this script takes itself: do not wrap it in ``flock`` on the same file
+(the inner ``flock`` would wait for the outer one forever).  Run ``python -m bench.simulation
+--help``; ``--smoke`` runs only the bare loop part on 2 clients (no Ray), which is what the test
+suite covers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -99,13 +103,19 @@ class ProcessPeak:
         self._thread.join()
 
 
-def simulate(clients: int, run_config: str, name: str, *, cpus_per_client: float, timeout: float) -> dict[str, Any]:
-    """One ``flwr run`` simulation under the lock; its rounds and the server process's peak RSS."""
+def simulate(
+    clients: int, run_config: str, name: str, *, cpus_per_client: float, timeout: float, lock: bool = True
+) -> dict[str, Any]:
+    """One ``flwr run`` simulation under the lock; its rounds and the server process's peak RSS.
+
+    ``lock=False`` when the caller already holds the lock (a second ``flock`` on a new file
+    description of the same process would wait for itself).
+    """
     from deploy.launch import run_simulation
     from tests.flower_runs import read_rounds
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))
-    with sim_lock():
+    with sim_lock() if lock else contextlib.nullcontext():
         start = time.time()
         with ProcessPeak() as peak:
             outcome = run_simulation(
@@ -188,8 +198,14 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
         f"{BASE} num-server-rounds={a.rounds} local-steps={a.local_steps} batch-size={a.batch_size} "
         f"min-available-nodes={a.clients}"
     )
-    bare = bare_loop(a.clients, rc, a.rounds)
-    sim = simulate(a.clients, rc, "overhead", cpus_per_client=2.0, timeout=a.timeout)
+    # both halves in one lock window, back to back, so no other simulation loads the machine
+    # during either (the bare loop needs no lock itself)
+    with sim_lock():
+        load = [os.getloadavg()[0]]
+        sim = simulate(a.clients, rc, "overhead", cpus_per_client=2.0, timeout=a.timeout, lock=False)
+        load.append(os.getloadavg()[0])
+        bare = bare_loop(a.clients, rc, a.rounds)
+        load.append(os.getloadavg()[0])
     sim_rounds = [float(r["seconds"]) for r in sim["rounds"]]
     client_train = [
         sum(float(t.get("train-seconds", 0.0)) * float(t.get("clients", 0.0)) for t in r["tiers"].values())
@@ -208,19 +224,21 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
         "bare_rounds": bare,
         "flower_share_after_warmup": 1.0 - bare_ss / sim_ss,
         "sim_wall_s": sim["wall_s"],
+        "load_average_1m": load,
     }
     print(f"run config: {rc}; {a.clients} clients, serial (client-resources-num-cpus=2)")
     print(f"{'round':>5}{'sim round s':>13}{'ClientApp train s':>19}{'bare loop s':>13}{'flower share':>14}")
     for i, (s, c, b) in enumerate(zip(sim_rounds, client_train, bare_rounds, strict=False)):
         print(f"{i + 1:>5}{s:>13.2f}{c:>19.2f}{b:>13.2f}{1 - b / s:>14.1%}")
     print(f"Flower's share after warm-up (median of rounds >= 2): {report['flower_share_after_warmup']:.1%}")
+    print(f"1-minute load average before / after the simulation / after the bare loop: {load}")
     return report
 
 
 def scale(a: argparse.Namespace) -> dict[str, Any]:
     """Round time and server memory at each client count, 20 clients per round."""
     results = []
-    print(f"{'clients':>8}{'per round':>10}{'round 1 s':>11}{'round 2 s':>11}{'server peak RSS MB':>20}{'wall s':>8}")
+    print(f"{'clients':>8}{'per round':>10}{'round 1 s':>11}{'last round s':>14}{'server peak MB':>16}{'wall s':>8}")
     for n in (int(x) for x in a.clients_list.split(",")):
         rc = (
             f"{BASE} num-server-rounds={a.rounds} local-steps={a.local_steps} batch-size={a.batch_size} "
@@ -239,7 +257,7 @@ def scale(a: argparse.Namespace) -> dict[str, Any]:
             }
         )
         print(
-            f"{n:>8}{clients[-1]:>10}{secs[0]:>11.2f}{secs[-1]:>11.2f}{sim['server_peak_rss_mb']:>20.0f}{sim['wall_s']:>8.0f}",
+            f"{n:>8}{clients[-1]:>10}{secs[0]:>11.2f}{secs[-1]:>14.2f}{sim['server_peak_rss_mb']:>16.0f}{sim['wall_s']:>8.0f}",
             flush=True,
         )
     return {"scale": results}

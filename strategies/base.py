@@ -29,7 +29,9 @@ heterogeneous method needs and leaves only the aggregation math to subclasses:
   a resumed strategy offsets Flower's round numbers by the checkpoint's round.
 
 Server state is held as ``{variant: {param: Tensor}}`` and exposed to Flower's loop as
-one composite ``ArrayRecord`` keyed ``"<variant>/<param>"``.
+one composite ``ArrayRecord`` keyed ``"<variant>/<param>"``; that record and the per-node
+payloads reuse the serialized ``Array`` of every tensor that did not change
+(:class:`ArrayCache`), so a round serializes only what it updated, once.
 """
 
 from __future__ import annotations
@@ -123,12 +125,55 @@ class PromptGrid(Grid):
         return replies
 
 
-def compose(state: Mapping[str, Mapping[str, Tensor]]) -> ArrayRecord:
-    """Composite record ``{"<variant>/<param>": Array}`` of a per-variant state."""
+class ArrayCache:
+    """Serialized ``Array`` of each tensor, reused while the tensor is unchanged.
+
+    Serializing (``np.save``) is the server's largest fixed cost per round: the composite
+    record of every variant, frozen tensors included, and one payload record per sampled
+    node.  Most of those tensors did not change since they were last serialized (frozen
+    embeddings, tiers without replies, the same variant sent to many nodes), so an entry is
+    kept per tensor *object* and reused while it is the same object with the same version
+    counter (``Tensor._version``, which every in-place write bumps).  A tensor without a
+    version counter (an inference-mode tensor) is always serialized afresh.  The entry holds
+    a reference to its tensor, so an object id is never reused while cached.  Writes that
+    bypass the counter (``Tensor.data = ...``, writes through a NumPy view) are not seen;
+    the strategies make none to their state.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Tensor, int, Array]] = {}
+
+    def array(self, t: Tensor) -> Array:
+        """The ``Array`` of ``t``: cached while ``t`` is unchanged, else serialized (and cached)."""
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors track no version: never cached
+            return Array(t.detach().cpu().numpy())
+        hit = self._entries.get(id(t))
+        if hit is not None and hit[0] is t and hit[1] == version:
+            return hit[2]
+        arr = Array(t.detach().cpu().numpy())
+        self._entries[id(t)] = (t, version, arr)
+        return arr
+
+    def retain(self, tensors: Iterable[Tensor]) -> None:
+        """Drop every entry but those of ``tensors`` (bounds the cache to the current state)."""
+        keep = {id(t) for t in tensors}
+        self._entries = {k: e for k, e in self._entries.items() if k in keep}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def compose(state: Mapping[str, Mapping[str, Tensor]], cache: ArrayCache | None = None) -> ArrayRecord:
+    """Composite record ``{"<variant>/<param>": Array}`` of a per-variant state.
+
+    With ``cache``, unchanged tensors reuse their serialized ``Array`` (:class:`ArrayCache`).
+    """
     rec = ArrayRecord()
     for variant, params in state.items():
         for name, t in params.items():
-            rec[f"{variant}{SEP}{name}"] = Array(t.detach().cpu().numpy())
+            rec[f"{variant}{SEP}{name}"] = cache.array(t) if cache is not None else Array(t.detach().cpu().numpy())
     return rec
 
 
@@ -141,11 +186,11 @@ def decompose(record: ArrayRecord) -> State:
     return out
 
 
-def to_record(params: Mapping[str, Tensor]) -> ArrayRecord:
-    """ArrayRecord of a flat ``{name: tensor}`` mapping, order preserved."""
+def to_record(params: Mapping[str, Tensor], cache: ArrayCache | None = None) -> ArrayRecord:
+    """ArrayRecord of a flat ``{name: tensor}`` mapping, order preserved (``cache``: see :func:`compose`)."""
     rec = ArrayRecord()
     for name, t in params.items():
-        rec[name] = Array(t.detach().cpu().numpy())
+        rec[name] = cache.array(t) if cache is not None else Array(t.detach().cpu().numpy())
     return rec
 
 
@@ -303,6 +348,7 @@ class HeterogeneousStrategy(Strategy):
         self.state: State = {}
         self.current_round = 0
         self._record: ArrayRecord | None = None
+        self._arrays = ArrayCache()
         self._sent_train: dict[str, Sent] = {}
         self._sent_eval: dict[str, Sent] = {}
         self.reports: dict[int, RoundReport] = {}
@@ -386,7 +432,16 @@ class HeterogeneousStrategy(Strategy):
         """Replace the server state; return the composite record Flower sees."""
         self.check_state(state)
         self.state = {k: dict(v) for k, v in state.items()}
-        self._record = compose(self.state)
+        return self._compose_state()
+
+    def _compose_state(self) -> ArrayRecord:
+        """Composite record of ``self.state``, reusing the ``Array`` of every unchanged tensor.
+
+        The cache is then cut down to the state's tensors (per-node payloads cached while the
+        round's messages were built are dropped here).
+        """
+        self._record = compose(self.state, self._arrays)
+        self._arrays.retain(t for params in self.state.values() for t in params.values())
         return self._record
 
     def check_state(self, state: State) -> None:
@@ -509,7 +564,7 @@ class HeterogeneousStrategy(Strategy):
         out: dict[str, Sent] = {}
         for node in nodes:
             for variant in self.message_variants(node, kind):
-                payload = to_record(self.variant_payload(node, variant))
+                payload = to_record(self.variant_payload(node, variant), self._arrays)
                 cfg = ConfigRecord({**dict(config), "server-round": server_round, "variant": variant})
                 msg = Message(RecordDict({"arrays": payload, "config": cfg}), dst_node_id=node, message_type=kind)
                 out[str(id(msg))] = Sent(msg, node, variant, record_nbytes(payload))
@@ -642,7 +697,7 @@ class HeterogeneousStrategy(Strategy):
         buffers.clear()
         mean_params = {k: m.mean() for k, m in means.items()}
         self.apply_round(server_round, mean_params, counts)
-        self._record = compose(self.state)
+        self._compose_state()
         out = MetricRecord()
         for variant, acc in client_metrics.items():
             for key, value in acc.mean().items():

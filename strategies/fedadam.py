@@ -81,11 +81,17 @@ def fedadam_step(
     eta_t = cfg.eta * math.sqrt(1.0 - cfg.beta_2 ** (t + 1)) / (1.0 - cfg.beta_1 ** (t + 1))
     out = dict(params)
     for name, d in delta.items():
-        m = state.m.get(name)
-        v = state.v.get(name)
-        m = (1 - cfg.beta_1) * d if m is None else cfg.beta_1 * m + (1 - cfg.beta_1) * d
-        v = (1 - cfg.beta_2) * d * d if v is None else cfg.beta_2 * v + (1 - cfg.beta_2) * d * d
+        # The operations of the update rule, in its order (so the result is bit-identical
+        # to the plain expressions), each into a fresh or an in-place result: five new
+        # tensors per parameter instead of eleven.  The previous moments and ``params``
+        # are only read (a checkpoint may still hold them).
+        m, v = state.m.get(name), state.v.get(name)
+        g = torch.mul(d, 1 - cfg.beta_1)
+        m = g if m is None else torch.mul(m, cfg.beta_1).add_(g)
+        g = torch.mul(d, 1 - cfg.beta_2).mul_(d)
+        v = g if v is None else torch.mul(v, cfg.beta_2).add_(g)
         state.m[name] = m
         state.v[name] = v
-        out[name] = params[name] + eta_t * m / (torch.sqrt(v) + cfg.tau)
+        # w + eta_t m / (sqrt(v) + tau); a + b == b + a exactly in IEEE arithmetic
+        out[name] = torch.mul(m, eta_t).div_(torch.sqrt(v).add_(cfg.tau)).add_(params[name])
     return out

@@ -344,7 +344,7 @@ def _group_mean(
     group: Group, j: int, layers: Mapping[str, Sequence[ArchLayer]], sums: Mapping[str, StreamingMean]
 ) -> Tensor:
     """``sum_{(b, m) in G} S_b[names(b, m)_j] / sum_{(b, m) in G} W_b`` (see :func:`aggregate_layers`)."""
-    total: Tensor | None = None
+    parts: list[Tensor] = []
     weight = 0.0
     for arch, index in sorted(group):
         acc = sums.get(arch)
@@ -352,12 +352,17 @@ def _group_mean(
             raise FlexiFedError(f"group {sorted(group)} names architecture {arch!r}, which has no replies")
         name = layers[arch][index].names[j]
         s = acc.sums[name]
-        if total is not None and s.shape != total.shape:
-            raise FlexiFedError(f"{arch}/{name}: shape {tuple(s.shape)} != {tuple(total.shape)} in its group")
-        total = s.clone() if total is None else total.add_(s)
+        if parts and s.shape != parts[0].shape:
+            raise FlexiFedError(f"{arch}/{name}: shape {tuple(s.shape)} != {tuple(parts[0].shape)} in its group")
+        parts.append(s)
         weight += acc.weights[name]
-    assert total is not None
-    return total / weight
+    if len(parts) == 1:  # one pass, no copy of the sum first
+        return parts[0] / weight
+    # the same left-to-right sum, into one new tensor, then divided in place
+    total = torch.add(parts[0], parts[1])
+    for s in parts[2:]:
+        total.add_(s)
+    return total.div_(weight)
 
 
 class FlexiFedAccumulator:

@@ -112,11 +112,29 @@ def heterogeneous_average(
         total = sum(n for _, n in weighted)
         if total == 0:
             continue
-        avg = sum((n / total) * states[v][name] for v, n in weighted)
-        assert isinstance(avg, Tensor)
+        avg = _weighted_sum(states, name, weighted, total)
         for v in holders:
             out[v][name] = avg
     return out
+
+
+def _weighted_sum(
+    states: Mapping[str, Mapping[str, Tensor]], name: str, weighted: Sequence[tuple[str, int]], total: int
+) -> Tensor:
+    """``sum_j (n_j / total) * theta_j^name``, left to right, into one new tensor.
+
+    A single holder with ``n_1 = total`` (every homogeneous round) is its own tensor, no copy
+    (``1.0 * x == x`` exactly; nothing writes state tensors in place).  Python's ``sum`` would
+    start from ``0``, which only turns an exact ``-0.0`` into ``+0.0``: the values are the same.
+    """
+    (first, n), *rest = weighted
+    x = states[first][name]
+    if not rest and n == total:
+        return x
+    avg = torch.mul(x, n / total)
+    for v, n in rest:
+        avg.add_(torch.mul(states[v][name], n / total))
+    return avg
 
 
 def inclusivefl_round(
