@@ -1,8 +1,10 @@
 """pFedKnow rounds in one process: the real strategy and client round, without the Flower transport.
 
-Usage: ``python -m bench.pfedknow_inprocess CONFIG.toml METHOD [METHOD ...]`` (e.g.
-``deploy/configs/pfedknow-iid.toml pfedknow pfedknow-as1 pfedknow-as2 pfedknow-as3 pfedknow-as4``).
-Every client of the config's partitioning is a node; each round the strategy samples, encodes
+Usage: ``python -m bench.pfedknow_inprocess CONFIG.toml METHOD [METHOD ...] [--clients N]
+[--set KEY=VALUE ...]`` (e.g. ``deploy/configs/pfedknow-iid.toml pfedknow pfedknow-as1 pfedknow-as2
+pfedknow-as3 pfedknow-as4``; text: ``deploy/configs/pfedknow-text.toml pfedknow pfedknow-as1
+--clients 4``).  ``--clients`` is the number of partitions (default 10), ``--set`` overrides a run
+config key (TOML value syntax).  Every client of the partitioning is a node; each round the strategy samples, encodes
 its messages, every sampled client runs :func:`client.pfedknow.pfedknow_round` on its unlabeled
 partition, and the replies (Flower ``RecordDict`` contents; only the message envelope is a stand-in)
 go through the strategy's real validation and aggregation.  After every round each client's
@@ -14,8 +16,8 @@ not available; ``python -m deploy.experiments pfedknow-table3`` runs the same co
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 import tomllib
 from typing import Any
@@ -32,6 +34,7 @@ from models.training import evaluate_classifier
 from server.app import build_strategy
 from server.config import RunConfig
 from strategies.base import NodeProfile
+from strategies.codistill import batch_size_of
 from strategies.pfedknow import PFedKnow
 
 TaskIdentity._run_id = 1  # type: ignore[attr-defined]
@@ -39,11 +42,11 @@ TaskIdentity._node_id = 0  # type: ignore[attr-defined]
 TaskIdentity._task_id = 1  # type: ignore[attr-defined]
 
 
-def run(path: str, method: str, num_clients: int = 10) -> dict[str, object]:
-    """Run ``method`` with the settings of ``path``; return its per-round rows."""
+def run(path: str, method: str, num_clients: int = 10, overrides: dict[str, Any] | None = None) -> dict[str, object]:
+    """Run ``method`` with the settings of ``path`` (and ``overrides``); return its per-round rows."""
     with open(path, "rb") as f:
         table = tomllib.load(f)
-    cfg = RunConfig.from_flower({**table, "method": method})
+    cfg = RunConfig.from_flower({**table, **(overrides or {}), "method": method})
     family = cfg.family()
     variant = cfg.catalog.largest
     shapes = {p.name: tuple(p.shape) for p in variant.layout}
@@ -88,7 +91,7 @@ def run(path: str, method: str, num_clients: int = 10) -> dict[str, object]:
             payload = {k: np.asarray(a.numpy()) for k, a in arrays.items()}
             seed = (cfg.seed + 1_000_003 * r + pid) % (2**63)
             torch.manual_seed(seed)
-            x = local_unlabeled(spec, pid, num_clients)
+            x = local_unlabeled(spec, pid, num_clients, family)
             upload, metrics = pfedknow_round(
                 family.build(variant),
                 payload,
@@ -103,7 +106,7 @@ def run(path: str, method: str, num_clients: int = 10) -> dict[str, object]:
             m.content = RecordDict(
                 {
                     "arrays": ArrayRecord({k: Array(v) for k, v in upload.items()}),
-                    "metrics": MetricRecord({"num-examples": int(x.shape[0]), **metrics}),
+                    "metrics": MetricRecord({"num-examples": batch_size_of(x), **metrics}),
                     "config": ConfigRecord({"variant": cfgrec["variant"], "server-round": r}),
                 }
             )
@@ -131,18 +134,34 @@ def run(path: str, method: str, num_clients: int = 10) -> dict[str, object]:
                 "kept-weights": g.get("kept-weights"),
                 "prune-ratio": g.get("prune-ratio"),
                 "rejected": len(s.report(r).rejected),
+                "server-seconds": g.get("server-seconds"),
                 "elapsed": round(time.time() - t0, 1),
             }
         )
         print(json.dumps({"method": method, **rows[-1]}), flush=True)
-    return {"method": method, "config": path, "rows": rows}
+    return {"method": method, "config": path, "clients": num_clients, "overrides": overrides or {}, "rows": rows}
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with a TOML value (``lr=1e-4``, ``tiers='iot'``)."""
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+    return key.strip(), tomllib.loads(f"v = {value}")["v"]
 
 
 def main() -> None:
-    """Command line: ``CONFIG.toml METHOD [METHOD ...]``."""
-    torch.set_num_threads(1)
-    for method in sys.argv[2:]:
-        out = run(sys.argv[1], method)
+    """Command line: ``CONFIG.toml METHOD [METHOD ...] [--clients N] [--set KEY=VALUE ...]``."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config")
+    p.add_argument("methods", nargs="+")
+    p.add_argument("--clients", type=int, default=10, help="number of partitions / nodes")
+    p.add_argument("--set", type=parse_override, action="append", default=[], help="KEY=VALUE run-config override")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    for method in args.methods:
+        out = run(args.config, method, args.clients, dict(args.set))
         print("RESULT", json.dumps(out), flush=True)
 
 

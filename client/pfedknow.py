@@ -1,23 +1,28 @@
 r"""pFedKnow's client round (seed 002, Section 3.2) on an unlabeled IoT device.
 
 The server sends the client's personalized model ``w_s^k`` as a sparse payload
-(:mod:`models.sparse`) and, in the message config, this round's channel pruning ratio
-``prune-ratio``, the threshold ``delta``, the ``uncertainty`` kind and the slimming weight
+(:mod:`models.sparse`) and, in the message config, this round's pruning ratio ``prune-ratio``,
+the ``pruning`` kind, the threshold ``delta``, the ``uncertainty`` kind and the slimming weight
 ``l1``.  The client
 
-1. pseudo-labels its local images with ``w_s^k``: ``y_hat = argmax z``, kept when the
-   uncertainty (evidential ``C / sum(ReLU(z) + 1)``, or ``1 - max softmax``) is ``<= delta``;
-2. prunes by network slimming to ``prune-ratio`` of the channels (never reviving a removed one);
-3. fine-tunes the pruned model on the kept pseudo-labels with ``CE + l1 sum |gamma|``, removed
-   weights held at 0;
-4. uploads only the surviving weights and the mask (the smaller of bitmask and index code).
+1. pseudo-labels its local data with ``w_s^k``: ``y_hat = argmax z``, kept when the
+   uncertainty (images: evidential ``C / sum(ReLU(z) + 1)``; text: ``1 - max softmax``) is
+   ``<= delta``;
+2. prunes to ``prune-ratio`` (never reviving a removed weight, :func:`prune_masks`): images by
+   network slimming (share of channels), text by unstructured magnitude pruning of every
+   encoder / pooler weight matrix (share of each matrix, :func:`models.pruning.transformer_prunable`);
+3. fine-tunes the pruned model on the kept pseudo-labels with ``CE`` (``+ l1 sum |gamma|`` for
+   slimming), removed weights held at 0 after every step;
+4. uploads only the surviving weights of its trainable tensors and the mask (the smaller of
+   bitmask and index code); frozen tensors (a transformer's word embeddings) are not uploaded.
 
-Labels are never read: the local training split is turned into an input tensor with its label
-column dropped before anything else (:func:`unlabeled_inputs`).
+Labels are never read: the local training split loses its label column before anything else
+(:func:`unlabeled_inputs`, :func:`unlabeled_texts`); text is then tokenized into keyword inputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from logging import INFO
 
@@ -29,9 +34,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import log
 from torch import Tensor, nn
 
-from models.data import DataSpec, load_partition
+from models.data import DataSpec, load_partition, text_inputs
+from models.family import ModelFamily, TransformerFamily
 from models.images import MEAN, STD
 from models.pruning import (
+    Masks,
     apply_masks,
     bn_l1_penalty,
     channel_masks_to_tensor_masks,
@@ -39,11 +46,17 @@ from models.pruning import (
     channels_from_tensor_masks,
     convnet_channel_groups,
     kept_fraction,
+    magnitude_masks,
+    pruned_fraction,
     select_pseudo_labels,
     slimming_channel_masks,
+    transformer_prunable,
 )
 from models.sparse import from_wire, to_wire
 from models.training import TrainSettings, make_optimizer
+from models.transformer import load_tokenizer
+from strategies.codistill import Batch, batch_size_of, model_logits
+from strategies.pfedknow import take_rows
 
 
 def unlabeled_inputs(ds: Dataset) -> Tensor:
@@ -60,33 +73,54 @@ def unlabeled_inputs(ds: Dataset) -> Tensor:
     return (x / 255.0 - MEAN) / STD
 
 
+def unlabeled_texts(ds: Dataset) -> list[str]:
+    """Texts of ``ds``; every other column (the label included) is dropped unread."""
+    label_free = ds.remove_columns([c for c in ds.column_names if c != "text"])
+    return [str(t) for t in label_free["text"]] if len(label_free) else []
+
+
 @lru_cache(maxsize=4)
-def local_unlabeled(spec: DataSpec, partition_id: int, num_partitions: int) -> Tensor:
-    """This node's local training images, without labels (cached per process)."""
+def local_unlabeled(spec: DataSpec, partition_id: int, num_partitions: int, family: ModelFamily | None = None) -> Batch:
+    """This node's local training inputs, without labels (cached per process).
+
+    Images: a normalized tensor (:func:`unlabeled_inputs`).  Text (``spec.kind == "text"``):
+    keyword inputs ``input_ids`` / ``attention_mask`` ``(N, L)``, tokenized with the transformer
+    ``family``'s tokenizer and truncated at its ``max_seq_len``.
+    """
     train, _ = load_partition(spec, partition_id, num_partitions)
-    return unlabeled_inputs(train)
+    if spec.kind != "text":
+        return unlabeled_inputs(train)
+    if not isinstance(family, TransformerFamily):
+        raise TypeError(f"text data needs the transformer family to tokenize, got {type(family).__name__}")
+    texts = unlabeled_texts(train)
+    if not texts:
+        return {"input_ids": torch.zeros(0, 1, dtype=torch.long), "attention_mask": torch.zeros(0, 1, dtype=torch.long)}
+    tokenizer = load_tokenizer(family.spec.source)
+    return text_inputs(texts, tokenizer, max_length=family.max_seq_len)
 
 
 @torch.no_grad()
 def pseudo_label(
-    model: nn.Module, x: Tensor, *, delta: float, uncertainty: str, batch_size: int = 256
-) -> tuple[Tensor, Tensor]:
+    model: nn.Module, x: Batch, *, delta: float, uncertainty: str, batch_size: int = 256
+) -> tuple[Batch, Tensor]:
     """``(kept inputs, their pseudo-labels)`` from ``model``'s logits (eval mode)."""
     model.eval()
+    n = batch_size_of(x)
     keep_all, labels_all = [], []
-    for lo in range(0, x.shape[0], batch_size):
-        keep, labels = select_pseudo_labels(model(x[lo : lo + batch_size]), delta, uncertainty)
+    for lo in range(0, n, batch_size):
+        z = model_logits(model, take_rows(x, torch.arange(lo, min(lo + batch_size, n))))
+        keep, labels = select_pseudo_labels(z, delta, uncertainty)
         keep_all.append(keep)
         labels_all.append(labels)
     if not keep_all:
-        return x[:0], torch.zeros(0, dtype=torch.long)
+        return take_rows(x, torch.zeros(0, dtype=torch.long)), torch.zeros(0, dtype=torch.long)
     keep = torch.cat(keep_all)
-    return x[keep], torch.cat(labels_all)[keep]
+    return take_rows(x, keep.nonzero().reshape(-1)), torch.cat(labels_all)[keep]
 
 
 def fine_tune(
     model: nn.Module,
-    x: Tensor,
+    x: Batch,
     y: Tensor,
     masks: dict[str, Tensor],
     *,
@@ -95,17 +129,22 @@ def fine_tune(
     l1: float,
     seed: int,
 ) -> float:
-    """``local-steps`` optimizer steps of ``CE + l1 sum |gamma|`` on ``(x, y)``, masks held; mean loss."""
-    if x.shape[0] == 0 or settings.local_steps == 0:
+    """``local-steps`` optimizer steps of ``CE (+ l1 sum |gamma|)`` on ``(x, y)``, masks held; mean loss.
+
+    The slimming term needs the CNN's channel groups; ``l1 = 0`` (magnitude pruning, no pruning)
+    trains any model.
+    """
+    n = batch_size_of(x)
+    if n == 0 or settings.local_steps == 0:
         return 0.0
-    groups = convnet_channel_groups(masks)
+    groups = convnet_channel_groups(masks) if l1 > 0 else []
     model.train()
     opt = make_optimizer(model, settings.optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     gen = torch.Generator().manual_seed(seed)
     total = 0.0
     for _ in range(settings.local_steps):
-        idx = torch.randint(0, x.shape[0], (min(batch_size, x.shape[0]),), generator=gen)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
+        loss = F.cross_entropy(model_logits(model, take_rows(x, idx)), y[idx])
         if l1 > 0:
             loss = loss + bn_l1_penalty(model, groups, l1)
         opt.zero_grad(set_to_none=True)
@@ -116,11 +155,47 @@ def fine_tune(
     return total / settings.local_steps
 
 
+def prune_masks(
+    kind: str, params: Mapping[str, Tensor], masks: Masks, shapes: Mapping[str, tuple[int, ...]], ratio: float
+) -> tuple[Masks, float]:
+    """``g(w; ratio)``: the masks after this round's pruning, and the share it has removed.
+
+    ``slimming``: network slimming of the CNN's channels (share of channels removed);
+    ``magnitude``: per-matrix magnitude pruning of :func:`models.pruning.transformer_prunable`
+    (share of those weights removed).  Both start from ``masks`` (nothing revived); a ratio of
+    0 prunes nothing more.
+    """
+    if kind == "slimming":
+        groups = convnet_channel_groups(shapes)
+        channels = channels_from_tensor_masks(masks, groups)
+        if ratio > 0:
+            scales = {g.scale: params[g.scale] for g in groups}
+            channels = slimming_channel_masks(scales, groups, ratio, channels)
+            new = channel_masks_to_tensor_masks(channels, groups, shapes)
+            masks = {k: masks[k] & new[k] for k in masks}
+        return masks, channel_ratio(channels)
+    if kind == "magnitude":
+        prunable = transformer_prunable(shapes)
+        if not prunable:
+            raise ValueError("magnitude pruning found no transformer weight matrices (bert.encoder.*, bert.pooler)")
+        if ratio > 0:
+            new = magnitude_masks({n: params[n] for n in prunable}, ratio, {n: masks[n] for n in prunable})
+            masks = {**masks, **new}
+        return masks, pruned_fraction(masks, prunable)
+    raise ValueError(f"unknown pruning {kind!r} (expected 'slimming' or 'magnitude')")
+
+
+def uploaded_names(model: nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """Tensors of ``shapes`` the client uploads: all but the model's frozen parameters."""
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    return [n for n in shapes if n not in frozen]
+
+
 def pfedknow_round(
     model: nn.Module,
     payload: dict[str, np.ndarray],
     shapes: dict[str, tuple[int, ...]],
-    x: Tensor,
+    x: Batch,
     config: ConfigRecord,
     *,
     settings: TrainSettings,
@@ -129,20 +204,16 @@ def pfedknow_round(
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """One client round on unlabeled ``x``: decode, pseudo-label, prune, fine-tune, encode.
 
-    Returns the sparse upload payload and metrics (``pseudo-kept``, ``prune-ratio``,
-    ``kept-weights``, ``train-loss``).
+    ``shapes`` are every tensor the server sends; the upload holds the trainable ones
+    (:func:`uploaded_names`).  Returns the sparse upload payload and metrics (``pseudo-kept``,
+    ``prune-ratio``: share of channels / prunable weights removed, ``kept-weights``: share of
+    the uploaded tensors' weights kept, ``train-loss``).
     """
     params, masks = from_wire(payload, shapes)
     model.load_state_dict(params, strict=False)
     xs, ys = pseudo_label(model, x, delta=float(config["delta"]), uncertainty=str(config["uncertainty"]))  # type: ignore[arg-type]
     ratio = float(config["prune-ratio"])  # type: ignore[arg-type]
-    groups = convnet_channel_groups(shapes)
-    channels = channels_from_tensor_masks(masks, groups)
-    if ratio > 0:
-        scales = {g.scale: params[g.scale] for g in groups}
-        channels = slimming_channel_masks(scales, groups, ratio, channels)
-        new = channel_masks_to_tensor_masks(channels, groups, shapes)
-        masks = {k: masks[k] & new[k] for k in masks}
+    masks, removed = prune_masks(str(config["pruning"]), params, masks, shapes, ratio)
     apply_masks(model, masks)
     loss = fine_tune(
         model,
@@ -155,11 +226,12 @@ def pfedknow_round(
         seed=seed,
     )
     state = model.state_dict()
-    upload = to_wire({k: state[k].detach() for k in shapes}, masks)
+    names = uploaded_names(model, shapes)
+    upload = to_wire({k: state[k].detach() for k in names}, {k: masks[k] for k in names})
     metrics = {
-        "pseudo-kept": float(xs.shape[0]),
-        "prune-ratio": channel_ratio(channels),
-        "kept-weights": kept_fraction(masks),
+        "pseudo-kept": float(ys.shape[0]),
+        "prune-ratio": removed,
+        "kept-weights": kept_fraction({k: masks[k] for k in names}),
         "train-loss": loss,
     }
     return upload, metrics
@@ -175,12 +247,17 @@ def pfedknow_train(
     settings: TrainSettings,
     batch_size: int,
     seed: int,
+    family: ModelFamily | None = None,
 ) -> Message:
-    """The ClientApp's ``train`` for pFedKnow and its ablations: the reply with the sparse upload."""
+    """The ClientApp's ``train`` for pFedKnow and its ablations: the reply with the sparse upload.
+
+    ``family`` tokenizes text (a :class:`~models.family.TransformerFamily`); images need none.
+    """
     torch.manual_seed(seed)
-    x = local_unlabeled(spec, *partition)
-    if x.shape[0] == 0:
-        raise ValueError("this node has no local training images")
+    x = local_unlabeled(spec, *partition, family)
+    n = batch_size_of(x)
+    if n == 0:
+        raise ValueError(f"this node has no local training {spec.kind}")
     arrays = msg.content["arrays"]
     cfg = msg.content["config"]
     assert isinstance(arrays, ArrayRecord) and isinstance(cfg, ConfigRecord)
@@ -191,15 +268,15 @@ def pfedknow_train(
     content = RecordDict(
         {
             "arrays": ArrayRecord({k: Array(v) for k, v in upload.items()}),
-            "metrics": MetricRecord({"num-examples": int(x.shape[0]), **metrics}),
+            "metrics": MetricRecord({"num-examples": n, **metrics}),
             "config": ConfigRecord({"variant": cfg["variant"], "server-round": cfg["server-round"]}),
         }
     )
     log(
         INFO,
-        "pFedKnow: %d/%d pseudo-labels kept, %.0f%% channels pruned, %.0f%% weights kept",
+        "pFedKnow: %d/%d pseudo-labels kept, %.0f%% pruned, %.0f%% weights kept",
         int(metrics["pseudo-kept"]),
-        x.shape[0],
+        n,
         100 * metrics["prune-ratio"],
         100 * metrics["kept-weights"],
     )

@@ -20,9 +20,14 @@ Compression ``g(w; gamma)`` (Section 3.2.1), progressive over rounds toward a ta
   it (:func:`channel_masks_to_tensor_masks`), so it contributes exactly 0 -- the model keeps
   its dense shapes (the server's mask math needs them) while the upload carries only the
   survivors (:mod:`models.sparse`).
-* Transformers: unstructured magnitude pruning of every weight matrix (SparseBERT's pruning),
-  per tensor the ``round(ratio * numel)`` smallest ``|w|`` removed, never reviving
-  (:func:`magnitude_masks`).
+* Transformers: unstructured magnitude pruning (SparseBERT's pruning) of the weight matrices of
+  the encoder's linear layers and of the pooler (:func:`transformer_prunable`: not LayerNorm, not
+  biases, not the embeddings -- the frozen word embeddings are never uploaded, the position and
+  token-type tables are lookups rather than projections -- and not the classifier head), per
+  tensor the ``round(ratio * numel)`` smallest ``|w|`` removed, never reviving
+  (:func:`magnitude_masks`).  Per tensor rather than global: every projection keeps the same
+  share of its weights, so no layer (attention vs. feed-forward weights have different scales)
+  is pruned away.  The paper's text model is "compressed four times": target ratio ``0.75``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ import torch
 from torch import Tensor, nn
 
 Masks = dict[str, Tensor]
+
+#: The clients' compression ``g(w; gamma)``: network slimming (CNNs) or magnitude pruning (transformers).
+PRUNING = ("slimming", "magnitude")
 
 
 # --- uncertainty --------------------------------------------------------------------------------
@@ -247,6 +255,27 @@ def magnitude_masks(
                 m = flat.reshape(w.shape)
         out[name] = m
     return out
+
+
+_ENCODER_MATRIX = re.compile(
+    r"^bert\.encoder\.layer\.\d+\."
+    r"(attention\.self\.(query|key|value)|attention\.output\.dense|intermediate\.dense|output\.dense)\.weight$"
+)
+_POOLER_MATRIX = "bert.pooler.dense.weight"
+
+
+def transformer_prunable(names: Iterable[str]) -> list[str]:
+    """The weight matrices magnitude pruning acts on, in the order of ``names``.
+
+    Every encoder layer's query, key, value, attention-output, intermediate and output
+    projection weights, and the pooler's; never LayerNorm, biases, embeddings or the classifier.
+    """
+    return [n for n in names if _ENCODER_MATRIX.match(n) or n == _POOLER_MATRIX]
+
+
+def pruned_fraction(masks: Mapping[str, Tensor], names: Sequence[str]) -> float:
+    """Share of the elements of the tensors ``names`` that ``masks`` remove (0 for no tensors)."""
+    return 1.0 - kept_fraction({n: masks[n] for n in names}) if names else 0.0
 
 
 def kept_fraction(masks: Mapping[str, Tensor]) -> float:

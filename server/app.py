@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from models.codist import unlabeled_image_crops, unlabeled_images
@@ -36,7 +37,7 @@ from models.data import (
 from models.family import ArchitectureFamily, CNNFamily, TransformerFamily
 from models.images import image_shape, image_tensors, mixed_domains
 from models.training import evaluate_classifier
-from models.transformer import load_tokenizer, resolve_source
+from models.transformer import build_model, full_config, load_tokenizer, resolve_source
 from server.checkpoint import (
     Checkpoint,
     CheckpointIncompatible,
@@ -58,7 +59,7 @@ from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL, WidthRules
 from strategies.inclusivefl import InclusiveFL
 from strategies.pfedknow import MODES as PFEDKNOW_MODES
-from strategies.pfedknow import PFedKnow
+from strategies.pfedknow import PFedKnow, PFedKnowSettings, text_mode
 
 app = ServerApp()
 
@@ -123,12 +124,13 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
     return InclusiveFL(beta=beta, adam=cfg.fedadam(), **common)  # type: ignore[arg-type]
 
 
-def pfedknow_labeled_set(cfg: RunConfig) -> tuple[Tensor, Tensor]:
+def pfedknow_labeled_set(cfg: RunConfig) -> tuple[Batch, Tensor]:
     """The pFedKnow server's labeled set ``D_s``: ``pfedknow-labeled-size`` test-split examples.
 
     Taken from the same seeded shuffle of the test split as :func:`models.data.server_test_set`,
     right after its ``server-test-size`` evaluation examples: disjoint from the evaluation data
-    and from every client's (training-split) data.
+    and from every client's (training-split) data.  Images: a normalized tensor; text: keyword
+    inputs tokenized like the clients' (truncated at ``max-seq-len``).
     """
     spec = cfg.data_spec()
     _, test = load_splits(spec)
@@ -139,25 +141,20 @@ def pfedknow_labeled_set(cfg: RunConfig) -> tuple[Tensor, Tensor]:
             f"run config 'pfedknow-labeled-size': the test split ({len(test)}) has no examples left after "
             f"'server-test-size' = {lo}"
         )
-    return image_tensors(test.shuffle(seed=spec.seed).select(range(lo, hi)))
+    labeled = test.shuffle(seed=spec.seed).select(range(lo, hi))
+    if cfg.image_data:
+        return image_tensors(labeled)
+    tokenizer = load_tokenizer(resolve_source(cfg.model))
+    x = text_inputs([str(t) for t in labeled["text"]], tokenizer, max_length=cfg.max_seq_len)
+    return x, torch.as_tensor(labeled["label"], dtype=torch.long)
 
 
-def pfedknow_strategy(cfg: RunConfig, common: Mapping[str, Any]) -> PFedKnow:
-    """Build pFedKnow or an ablation: the lightweight ``conv`` CNN, a ``pfedknow-teacher-scale`` wider teacher."""
-    family = cfg.family()
-    assert isinstance(family, CNNFamily)
-    teacher = dataclasses.replace(
-        family, base=tuple(max(1, round(w * cfg.pfedknow_teacher_scale)) for w in family.base)
-    )
-    mode = PFEDKNOW_MODES[cfg.method]
-    return PFedKnow(
-        mode=mode,
-        build_model=lambda: family.build(cfg.catalog.largest),
-        build_teacher=lambda: teacher.at_rate(1.0),
-        labeled=pfedknow_labeled_set(cfg),
+def pfedknow_settings(cfg: RunConfig) -> PFedKnowSettings:
+    """The strategy's settings from the run config (SemiFL's threshold: ``1 - semifl-confidence``)."""
+    return PFedKnowSettings(
         target_ratio=cfg.pfedknow_prune_ratio,
         ramp_rounds=cfg.pfedknow_prune_rounds,
-        delta=1.0 - cfg.semifl_confidence if mode.uncertainty == "softmax" else cfg.pfedknow_delta,
+        delta=1.0 - cfg.semifl_confidence if cfg.method == "semifl" else cfg.pfedknow_delta,
         l1=cfg.pfedknow_l1,
         distill_steps=cfg.distill_steps,
         distill_lr=cfg.distill_lr,
@@ -165,6 +162,39 @@ def pfedknow_strategy(cfg: RunConfig, common: Mapping[str, Any]) -> PFedKnow:
         temperature=cfg.distill_temperature,
         teacher_steps=cfg.pfedknow_teacher_steps,
         init_steps=cfg.pfedknow_init_steps,
+        init_lr=cfg.pfedknow_init_lr,
+    )
+
+
+def pfedknow_strategy(cfg: RunConfig, common: Mapping[str, Any]) -> PFedKnow:
+    """Build pFedKnow or an ablation.
+
+    Images: the lightweight ``conv`` CNN under a ``pfedknow-teacher-scale`` wider teacher
+    (random initialization).  Text: a ``tier-layers``-deep student under the full-depth
+    transformer with its pretrained weights (:func:`models.transformer.build_model`), the mode's
+    text version (:func:`strategies.pfedknow.text_mode`).
+    """
+    family = cfg.family()
+    mode = PFEDKNOW_MODES[cfg.method]
+    build_teacher: Callable[[], nn.Module]
+    if isinstance(family, CNNFamily):
+        teacher = dataclasses.replace(
+            family, base=tuple(max(1, round(w * cfg.pfedknow_teacher_scale)) for w in family.base)
+        )
+        build_teacher = partial(teacher.at_rate, 1.0)
+    elif isinstance(family, TransformerFamily):
+        spec = family.spec
+        depth = full_config(spec.source, spec.num_labels).num_hidden_layers
+        build_teacher = partial(build_model, spec, depth, pretrained=True)
+        mode = text_mode(mode)
+    else:
+        raise ConfigError(f"run config 'model': pFedKnow has no teacher for {cfg.model!r}")
+    return PFedKnow(
+        mode=mode,
+        build_model=partial(family.build, cfg.catalog.largest),
+        build_teacher=build_teacher,
+        labeled=pfedknow_labeled_set(cfg),
+        settings=pfedknow_settings(cfg),
         **common,
     )
 

@@ -25,7 +25,7 @@ from models.data import DataSpec
 from models.family import ArchitectureFamily, CNNFamily, ModelFamily, TransformerFamily, parse_widths
 from models.images import IMAGE_DOMAINS
 from models.training import TrainSettings
-from models.transformer import TransformerSpec, depth_catalog, matched_width_rates, width_catalog
+from models.transformer import TransformerSpec, depth_catalog, full_config, matched_width_rates, width_catalog
 from strategies.fedadam import FedAdamConfig
 
 Method = Literal[
@@ -54,7 +54,9 @@ Method = Literal[
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = ("heterofl", "fedrolex")
 #: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
-#: pFedKnow (seed 002), its ablations AS-1..AS-4 and the SemiFL-style baseline (``model = "conv"``, one tier).
+#: pFedKnow (seed 002), its ablations AS-1..AS-4 and the SemiFL-style baseline: one tier, the model
+#: ``"conv"`` (images: network slimming) or a transformer (text: magnitude pruning, a student of
+#: ``tier-layers`` layers under the full-depth teacher).
 PFEDKNOW_METHODS = ("pfedknow", "pfedknow-as1", "pfedknow-as2", "pfedknow-as3", "pfedknow-as4", "semifl")
 CNN_METHODS = (*WIDTH_METHODS, "all-small", "all-large", "exclusive", *PFEDKNOW_METHODS)
 #: FlexiFed's methods and baselines, mapped to ``strategies.flexifed`` modes; they need an
@@ -166,10 +168,12 @@ class RunConfig(BaseModel):
     resume: bool = False
     clip_update_norm: str = "0"
     robust_aggregation: Literal["mean", "median"] = "mean"
-    # pFedKnow: uncertainty threshold, target channel-pruning ratio reached after prune-rounds
-    # rounds, slimming L1 on BN scales, server labeled-set size (held out of the test split after
-    # the server's evaluation examples), teacher width factor and its / the student's init steps;
-    # server distillation uses distill-steps / distill-lr / distill-batch-size / distill-temperature
+    # pFedKnow: uncertainty threshold, target pruning ratio (channels for conv, weight matrices'
+    # weights for transformers) reached after prune-rounds rounds, slimming L1 on BN scales (conv),
+    # server labeled-set size (held out of the test split after the server's evaluation examples),
+    # teacher width factor (conv; a transformer's teacher is its full depth), the teacher's / the
+    # student's init steps and their Adam lr; server distillation uses distill-steps / distill-lr /
+    # distill-batch-size / distill-temperature
     pfedknow_delta: float = Field(0.7, gt=0.0, le=1.0)
     pfedknow_prune_ratio: float = Field(0.2, ge=0.0, lt=1.0)
     pfedknow_prune_rounds: int = Field(3, ge=1)
@@ -178,6 +182,7 @@ class RunConfig(BaseModel):
     pfedknow_teacher_scale: float = Field(2.0, ge=1.0)
     pfedknow_teacher_steps: int = Field(300, ge=0)
     pfedknow_init_steps: int = Field(200, ge=0)
+    pfedknow_init_lr: float = Field(1e-3, gt=0.0)
     semifl_confidence: float = Field(0.95, gt=0.0, lt=1.0)
 
     @field_validator("tiers")
@@ -279,10 +284,10 @@ class RunConfig(BaseModel):
             if unknown:
                 raise ValueError(f"run config 'tiers': pools {unknown} are not model sizes {tuple(CODIST_SIZES)}")
         if self.method in PFEDKNOW_METHODS:
-            if self.model != cnn.CONV:
+            if self.image_data and self.model != cnn.CONV:
                 raise ValueError(
-                    f"run config 'model': {self.method!r} prunes by network slimming of HeteroFL's 'conv' CNN; "
-                    f"got {self.model!r}"
+                    f"run config 'model': {self.method!r} prunes HeteroFL's 'conv' CNN (network slimming) or a "
+                    f"transformer (magnitude pruning, e.g. 'minilm-l6' or 'tiny'); got {self.model!r}"
                 )
             if len(self.tier_names) != 1:
                 raise ValueError(
@@ -294,6 +299,8 @@ class RunConfig(BaseModel):
                     "run config 'server-test-size': pFedKnow's labeled set is held out of the test split "
                     "after the server's evaluation examples; give a positive size"
                 )
+            if not self.image_data:
+                self._check_pfedknow_student()
         if self.is_cnn and self.method not in CNN_METHODS:
             raise ValueError(
                 f"run config 'method': {self.method!r} needs a depth-cut model; "
@@ -333,6 +340,24 @@ class RunConfig(BaseModel):
             if len(split_list(items, key)) != n:
                 raise ValueError(f"run config '{key}' has {len(split_list(items, key))} entries but 'tiers' has {n}")
         return self
+
+    def _check_pfedknow_student(self) -> None:
+        """A transformer pFedKnow run: one ``tier-layers`` entry, shallower than the full-depth teacher."""
+        depths = split_list(self.tier_layers, "tier-layers")
+        if len(depths) != 1:
+            raise ValueError(
+                f"run config 'tier-layers': {self.method!r} trains one lightweight student; give one depth, "
+                f"got {self.tier_layers!r}"
+            )
+        try:
+            full = full_config(self.model, self.num_labels).num_hidden_layers
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"run config 'model': cannot read {self.model!r}'s configuration ({exc})") from None
+        if not int(depths[0]) < full:
+            raise ValueError(
+                f"run config 'tier-layers': pFedKnow's student must be shallower than the teacher (the full "
+                f"{full}-layer {self.model!r}); got {depths[0]}"
+            )
 
     # ----------------------------------------------------------------- views
     @classmethod

@@ -5,16 +5,23 @@ model ``w_p``; clients (IoT devices) hold unlabeled data only.  Every client ``k
 personalized lightweight model ``w_s^k``, kept here per client (keyed by the node's stable
 key) and sent back on its next turn.
 
-Initialization (Section 3.1): the teacher ``w_p`` -- for images a CNN ``pfedknow-teacher-scale``
-times wider than the lightweight one, trained on ``D_s`` with cross entropy at the start of the
-run (no hub is reachable to ship a pretrained VGG-19; it is trained once per run and kept in
-the checkpoint, so a resumed run does not retrain it) -- then the lightweight ``w_s'`` is
-trained on ``D_s`` with ``CE(f(x; w_s'), y) + KL(p_p || p_s')`` (:func:`train_on_labeled`).
+Initialization (Section 3.1): the teacher ``w_p`` is trained on ``D_s`` with cross entropy at
+the start of the run (once per run, kept in the checkpoint, so a resumed run does not retrain
+it) -- for images a CNN ``pfedknow-teacher-scale`` times wider than the lightweight one, from a
+random initialization (no hub is reachable to ship a pretrained VGG-19); for text the full-depth
+transformer (MiniLM-L6: all 6 layers) from the pretrained weights the repo ships, so its
+training is a fine-tuning of the pretrained model, the paper's large BERT.  Then the lightweight
+``w_s'`` (images: the ``conv`` CNN; text: the bottom ``tier-layers`` pretrained layers, a
+shallower student) is trained on ``D_s`` with ``CE(f(x; w_s'), y) + KL(p_p || p_s')``
+(:func:`train_on_labeled`).  Both use Adam at ``pfedknow-init-lr``.
 
 Round ``t`` (clients: :mod:`client.pfedknow`): client ``k`` receives ``w_s^k`` (first time
 ``w_s'``) as a sparse payload (:mod:`models.sparse`) with the round's pruning ratio, keeps the
-pseudo-labels whose uncertainty is ``<= delta``, prunes (network slimming, progressive,
-:mod:`models.pruning`), fine-tunes, and uploads only the surviving weights and the mask.
+pseudo-labels whose uncertainty is ``<= delta`` (images: evidential; text: ``1 - max softmax``),
+prunes progressively (images: network slimming; text: unstructured magnitude pruning of the
+transformer's weight matrices; :mod:`models.pruning`), fine-tunes, and uploads only the
+surviving weights and the mask.  A transformer's frozen word embeddings are sent down (the
+client's model needs them) but never up: uploads carry the trainable tensors only.
 
 Server update (Section 3.3) for every upload ``k`` (the "leader", the others "helpers"):
 
@@ -41,6 +48,9 @@ Ablations (Section 4.4, Table 3), all :class:`PFedKnowMode` values of :data:`MOD
 * ``semifl``: SemiFL-style pseudo-label FedAvg: clients keep pseudo-labels with confidence
   ``max softmax >= semifl-confidence``; FedAvg then CE fine-tuning on ``D_s``.
 
+Text (:func:`text_mode`): every mode keeps its aggregation and teacher use, with the
+``softmax`` uncertainty and ``magnitude`` pruning.
+
 Metric: every node evaluates the model it would receive (its personalized one) on its local
 test split; ``fed-accuracy-mean`` is the unweighted mean over clients.  Communication: per
 round and per client the bytes down and up (``bytes-up:<key>``, serialized ``ArrayRecord``
@@ -55,7 +65,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import INFO, WARNING
 from typing import Any
 
@@ -68,10 +78,17 @@ from flwr.serverapp import Grid
 from torch import Tensor, nn
 
 from models.catalog import VariantCatalog
-from models.pruning import apply_masks, kept_fraction, progressive_ratio
+from models.pruning import PRUNING, UNCERTAINTY, apply_masks, kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
 from strategies.base import HeterogeneousStrategy, Sent, compose, record_nbytes, to_record
-from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
+from strategies.codistill import (
+    Batch,
+    batch_size_of,
+    distillation_loss,
+    model_logits,
+    sample_batches,
+    tempered_softmax,
+)
 from strategies.validation import (
     ReplyRejected,
     validate_config,
@@ -189,9 +206,25 @@ def index_batches(n: int, *, steps: int, batch_size: int, seed: int) -> list[Ten
     return out
 
 
+def take_rows(x: Batch, index: Tensor) -> Batch:
+    """Rows ``index`` of an input batch: an image tensor, or text keyword inputs.
+
+    Text inputs (``input_ids``, ``attention_mask``, ... each ``(N, L)``) are cut to the longest
+    kept row's ``attention_mask``: padding beyond it changes no logit of a BERT-style model.
+    """
+    if isinstance(x, Tensor):
+        return x[index]
+    rows = {k: v[index] for k, v in x.items()}
+    mask = rows.get("attention_mask")
+    if mask is not None and mask.dim() == 2 and mask.shape[0] > 0 and mask.shape[1] > 0:
+        width = max(int(mask.sum(dim=1).max()), 1)
+        rows = {k: v[:, :width] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v for k, v in rows.items()}
+    return rows
+
+
 def train_on_labeled(
     model: nn.Module,
-    x: Tensor,
+    x: Batch,
     y: Tensor,
     *,
     steps: int,
@@ -215,13 +248,13 @@ def train_on_labeled(
         teacher.eval()
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     losses = []
-    for idx in index_batches(x.shape[0], steps=steps, batch_size=batch_size, seed=seed):
-        xb, yb = x[idx], y[idx]
-        z = model(xb)
+    for idx in index_batches(batch_size_of(x), steps=steps, batch_size=batch_size, seed=seed):
+        xb, yb = take_rows(x, idx), y[idx]
+        z = model_logits(model, xb)
         loss = F.cross_entropy(z, yb)
         if teacher is not None:
             with torch.no_grad():
-                target = tempered_softmax(teacher(xb), temperature)
+                target = tempered_softmax(model_logits(teacher, xb), temperature)
             loss = loss + distillation_loss(z, target, temperature)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -233,16 +266,16 @@ def train_on_labeled(
 
 
 @torch.no_grad()
-def logits_on(model: nn.Module, batches: Sequence[Tensor]) -> list[Tensor]:
+def logits_on(model: nn.Module, batches: Sequence[Batch]) -> list[Tensor]:
     """Frozen logits of ``model`` (eval mode) on every batch."""
     model.eval()
-    return [model(xb) for xb in batches]
+    return [model_logits(model, xb) for xb in batches]
 
 
 def collaborative_distill(
     leader: nn.Module,
     masks: Mapping[str, Tensor],
-    batches: Sequence[tuple[Tensor, Tensor]],
+    batches: Sequence[tuple[Batch, Tensor]],
     helper_logits: Sequence[Sequence[Tensor]],
     betas: Sequence[float],
     teacher_logits: Sequence[Tensor] | None,
@@ -261,7 +294,7 @@ def collaborative_distill(
     out = []
     for s, (xb, yb) in enumerate(batches):
         loss, terms = collaborative_loss(
-            leader(xb),
+            model_logits(leader, xb),
             yb,
             [h[s] for h in helper_logits],
             betas,
@@ -286,7 +319,7 @@ class PFedKnowMode:
     Attributes
     ----------
     prune : bool
-        Clients prune progressively (network slimming) and upload sparse.
+        Clients prune progressively and upload sparse.
     teacher : bool
         The pretrained teacher is used (initialization KD and the ``KL(z_p || z_k)`` term).
     aggregation : {"collaborative", "fedavg", "zero-average"}
@@ -294,6 +327,9 @@ class PFedKnowMode:
         ``D_s`` (one global model), or the zero-filled average restricted to each client's mask.
     uncertainty : {"evidential", "softmax"}
         The clients' pseudo-label filter.
+    pruning : {"slimming", "magnitude"}
+        How clients prune (when ``prune``): network slimming (CNNs) or unstructured magnitude
+        pruning (transformers).
 
     """
 
@@ -301,6 +337,15 @@ class PFedKnowMode:
     teacher: bool = True
     aggregation: str = "collaborative"
     uncertainty: str = "evidential"
+    pruning: str = "slimming"
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in ("collaborative", "fedavg", "zero-average"):
+            raise ValueError(f"unknown aggregation {self.aggregation!r}")
+        if self.uncertainty not in UNCERTAINTY:
+            raise ValueError(f"uncertainty must be one of {tuple(UNCERTAINTY)}, got {self.uncertainty!r}")
+        if self.pruning not in PRUNING:
+            raise ValueError(f"pruning must be one of {PRUNING}, got {self.pruning!r}")
 
 
 MODES: dict[str, PFedKnowMode] = {
@@ -311,6 +356,54 @@ MODES: dict[str, PFedKnowMode] = {
     "pfedknow-as4": PFedKnowMode(prune=False),
     "semifl": PFedKnowMode(prune=False, teacher=False, aggregation="fedavg", uncertainty="softmax"),
 }
+
+
+def text_mode(mode: PFedKnowMode) -> PFedKnowMode:
+    """The text version of a mode: ``1 - max softmax`` uncertainty, magnitude pruning (seed 002, Section 3.2)."""
+    return replace(mode, uncertainty="softmax", pruning="magnitude")
+
+
+@dataclass(frozen=True)
+class PFedKnowSettings:
+    """The numeric settings of pFedKnow's server (run config keys in parentheses).
+
+    Attributes
+    ----------
+    target_ratio, ramp_rounds : float, int
+        Pruning ratio reached in round ``ramp_rounds`` (``pfedknow-prune-ratio``,
+        ``pfedknow-prune-rounds``; :func:`models.pruning.progressive_ratio`): the share of
+        channels (slimming) or of the prunable weights (magnitude) removed.
+    delta : float
+        Uncertainty threshold sent to clients (``pfedknow-delta``; SemiFL: ``1 - semifl-confidence``).
+    l1 : float
+        Network slimming's L1 weight on batch-norm scales (``pfedknow-l1``; unused by magnitude pruning).
+    distill_steps, distill_lr, distill_batch_size, temperature
+        Server collaborative distillation (and fine-tuning) Adam steps per leader, learning
+        rate, labeled batch size, softmax temperature (``distill-*``).
+    teacher_steps, init_steps : int
+        Adam steps training the teacher and the initial ``w_s'`` on ``D_s``.
+    init_lr : float
+        Their Adam learning rate (``pfedknow-init-lr``).
+
+    """
+
+    target_ratio: float = 0.2
+    ramp_rounds: int = 3
+    delta: float = 0.7
+    l1: float = 1e-4
+    distill_steps: int = 20
+    distill_lr: float = 1e-3
+    distill_batch_size: int = 64
+    temperature: float = 1.0
+    teacher_steps: int = 300
+    init_steps: int = 200
+    init_lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.target_ratio < 1.0:
+            raise ValueError(f"target_ratio must be in [0, 1), got {self.target_ratio}")
+        if self.ramp_rounds < 1:
+            raise ValueError(f"ramp_rounds must be >= 1, got {self.ramp_rounds}")
 
 
 @dataclass
@@ -339,20 +432,13 @@ class PFedKnow(HeterogeneousStrategy):
     build_model : Callable[[], nn.Module]
         A fresh lightweight model (state-dict keys = the variant's layout names).
     build_teacher : Callable[[], nn.Module]
-        A fresh (untrained) large model, trained on ``D_s`` at initialization.
-    labeled : tuple[Tensor, Tensor]
-        The server's labeled set ``D_s``: inputs ``(N, ...)`` and labels ``(N,)``.
-    target_ratio, ramp_rounds : float, int
-        Channel pruning ratio reached in round ``ramp_rounds`` (:func:`models.pruning.progressive_ratio`).
-    delta : float
-        Uncertainty threshold sent to clients (for ``softmax`` uncertainty: ``1 - confidence``).
-    l1 : float
-        Network slimming's L1 weight on batch-norm scales (clients).
-    distill_steps, distill_lr, distill_batch_size, temperature
-        Server collaborative distillation (and fine-tuning) Adam steps per leader, learning
-        rate, labeled batch size, softmax temperature.
-    teacher_steps, init_steps : int
-        Adam steps training the teacher and the initial ``w_s'`` on ``D_s``.
+        A fresh large model, trained on ``D_s`` at initialization (images: randomly initialized;
+        text: the pretrained full-depth transformer, fine-tuned).
+    labeled : tuple[Batch, Tensor]
+        The server's labeled set ``D_s``: inputs (an image tensor ``(N, ...)`` or text keyword
+        inputs, each ``(N, L)``) and labels ``(N,)``.
+    settings : PFedKnowSettings
+        Pruning schedule, uncertainty threshold, distillation and initialization settings.
     seed : int
         Seed of sampling and of the server's labeled batches.
     **kwargs
@@ -369,49 +455,39 @@ class PFedKnow(HeterogeneousStrategy):
         mode: PFedKnowMode,
         build_model: Callable[[], nn.Module],
         build_teacher: Callable[[], nn.Module],
-        labeled: tuple[Tensor, Tensor],
-        target_ratio: float = 0.2,
-        ramp_rounds: int = 3,
-        delta: float = 0.7,
-        l1: float = 1e-4,
-        distill_steps: int = 20,
-        distill_lr: float = 1e-3,
-        distill_batch_size: int = 64,
-        temperature: float = 1.0,
-        teacher_steps: int = 300,
-        init_steps: int = 200,
+        labeled: tuple[Batch, Tensor],
+        settings: PFedKnowSettings | None = None,
         seed: int = 0,
         **kwargs: object,
     ) -> None:
         if len(catalog) != 1:
             raise ValueError(f"pFedKnow trains one lightweight model, the catalog has {catalog.names()}")
-        if mode.aggregation not in ("collaborative", "fedavg", "zero-average"):
-            raise ValueError(f"unknown aggregation {mode.aggregation!r}")
+        st = settings if settings is not None else PFedKnowSettings()
         x, y = labeled
-        if x.shape[0] == 0 or x.shape[0] != y.shape[0]:
-            raise ValueError(f"labeled set needs matching, non-empty inputs and labels, got {x.shape[0]}/{y.shape[0]}")
-        if not 0.0 <= target_ratio < 1.0:
-            raise ValueError(f"target_ratio must be in [0, 1), got {target_ratio}")
-        if ramp_rounds < 1:
-            raise ValueError(f"ramp_rounds must be >= 1, got {ramp_rounds}")
+        n = batch_size_of(x)
+        if n == 0 or n != y.shape[0]:
+            raise ValueError(f"labeled set needs matching, non-empty inputs and labels, got {n}/{y.shape[0]}")
         super().__init__(catalog=catalog, seed=seed, **kwargs)  # type: ignore[arg-type]
         self.variant = catalog.largest.name
         self.mode = mode
         self.build_model = build_model
         self.build_teacher = build_teacher
         self.labeled_x, self.labeled_y = x, y
-        self.target_ratio = target_ratio if mode.prune else 0.0
-        self.ramp_rounds = ramp_rounds
-        self.delta = delta
-        self.l1 = l1 if mode.prune else 0.0
-        self.distill_steps = distill_steps
-        self.distill_lr = distill_lr
-        self.distill_batch_size = distill_batch_size
-        self.temperature = temperature
-        self.teacher_steps = teacher_steps
-        self.init_steps = init_steps
+        self.target_ratio = st.target_ratio if mode.prune else 0.0
+        self.ramp_rounds = st.ramp_rounds
+        self.delta = st.delta
+        self.l1 = st.l1 if mode.prune and mode.pruning == "slimming" else 0.0
+        self.distill_steps = st.distill_steps
+        self.distill_lr = st.distill_lr
+        self.distill_batch_size = st.distill_batch_size
+        self.temperature = st.temperature
+        self.teacher_steps = st.teacher_steps
+        self.init_steps = st.init_steps
+        self.init_lr = st.init_lr
         self.seed = seed
+        #: every tensor a client receives (frozen ones included) and the trainable ones it uploads
         self.shapes = {p.name: tuple(p.shape) for p in catalog.largest.layout}
+        self.upload_shapes = {p.name: tuple(p.shape) for p in catalog.largest.layout if p.trainable}
         self.initialized = False
         self.teacher_state: Params | None = None
         self.personal: dict[str, Params] = {}
@@ -443,7 +519,7 @@ class PFedKnow(HeterogeneousStrategy):
                 self.labeled_x,
                 self.labeled_y,
                 steps=self.teacher_steps,
-                lr=1e-3,
+                lr=self.init_lr,
                 batch_size=self.distill_batch_size,
                 seed=self.seed + 17,
             )
@@ -456,7 +532,7 @@ class PFedKnow(HeterogeneousStrategy):
             self.labeled_x,
             self.labeled_y,
             steps=self.init_steps,
-            lr=1e-3,
+            lr=self.init_lr,
             batch_size=self.distill_batch_size,
             seed=self.seed + 29,
             teacher=teacher,
@@ -471,7 +547,7 @@ class PFedKnow(HeterogeneousStrategy):
         log(
             INFO,
             "pFedKnow: initialized w_s' on %d labeled examples (teacher: %s)",
-            self.labeled_x.shape[0],
+            self.labeled_y.shape[0],
             bool(teacher),
         )
 
@@ -482,7 +558,7 @@ class PFedKnow(HeterogeneousStrategy):
         return prof.stable_key if prof is not None else f"node-{node_id}"
 
     def full_masks(self) -> Masks:
-        """Every weight kept."""
+        """Every weight kept (every tensor a client receives)."""
         return {n: torch.ones(s, dtype=torch.bool) for n, s in self.shapes.items()}
 
     def client_masks(self, key: str) -> Masks:
@@ -503,8 +579,12 @@ class PFedKnow(HeterogeneousStrategy):
         """The node's personalized model (dense; training messages re-encode it sparse)."""
         return self.client_model(self.node_key(node_id))
 
+    def with_frozen(self, uploaded: Mapping[str, Tensor]) -> Params:
+        """A client's upload completed with the tensors clients never upload (frozen, from the global model)."""
+        return {**self.state[self.variant], **uploaded}
+
     def prune_ratio(self, server_round: int) -> float:
-        """This round's channel pruning ratio (0 without pruning)."""
+        """This round's pruning ratio (0 without pruning)."""
         if self.target_ratio == 0.0:
             return 0.0
         return progressive_ratio(server_round, self.target_ratio, self.ramp_rounds)
@@ -543,6 +623,7 @@ class PFedKnow(HeterogeneousStrategy):
             cfg["prune-ratio"] = ratio
             cfg["delta"] = self.delta
             cfg["uncertainty"] = self.mode.uncertainty
+            cfg["pruning"] = self.mode.pruning
             cfg["l1"] = self.l1
             report.add(s.variant, "bytes-down", nbytes - s.nbytes)
             report.group(s.variant)[f"bytes-down:{key}"] = float(nbytes)
@@ -567,7 +648,7 @@ class PFedKnow(HeterogeneousStrategy):
         except Exception as exc:  # corrupt bytes
             raise ReplyRejected(f"payload does not decode ({exc})") from exc
         try:
-            params, masks = from_wire(payload, self.shapes)
+            params, masks = from_wire(payload, self.upload_shapes)
         except SparsePayloadError as exc:
             raise ReplyRejected(f"sparse payload: {exc}") from exc
         key = self.node_key(rec.node_id)
@@ -635,15 +716,15 @@ class PFedKnow(HeterogeneousStrategy):
         )
         return self._record, out
 
-    def labeled_batches(self, server_round: int) -> list[tuple[Tensor, Tensor]]:
+    def labeled_batches(self, server_round: int) -> list[tuple[Batch, Tensor]]:
         """This round's ``D_s`` batches (seeded by the round; the same for every leader)."""
         idx = index_batches(
-            self.labeled_x.shape[0],
+            self.labeled_y.shape[0],
             steps=self.distill_steps,
             batch_size=self.distill_batch_size,
             seed=self.seed * 1_000_003 + server_round,
         )
-        return [(self.labeled_x[i], self.labeled_y[i]) for i in idx]
+        return [(take_rows(self.labeled_x, i), self.labeled_y[i]) for i in idx]
 
     def server_update(self, server_round: int, uploads: Sequence[Upload]) -> None:
         """The method's server step over this round's validated uploads."""
@@ -651,14 +732,14 @@ class PFedKnow(HeterogeneousStrategy):
         if self.mode.aggregation == "collaborative":
             batches = self.labeled_batches(server_round)
             xs = [xb for xb, _ in batches]
-            logits = {u.key: logits_on(self._model(u.params), xs) for u in uploads}
+            logits = {u.key: logits_on(self._model(self.with_frozen(u.params)), xs) for u in uploads}
             teacher = self.teacher()
             teacher_logits = logits_on(teacher, xs) if teacher is not None else None
             all_masks = {u.key: u.masks for u in uploads}
             last: list[dict[str, float]] = []
             for u in uploads:
                 betas = helper_weights(all_masks, u.key)
-                leader = self._model(u.params)
+                leader = self._model(self.with_frozen(u.params))
                 steps = collaborative_distill(
                     leader,
                     u.masks,
@@ -748,9 +829,9 @@ class PFedKnow(HeterogeneousStrategy):
     def load_method_state(self, data: Mapping[str, Any]) -> None:
         """Restore :meth:`method_state` (tensor names must match the lightweight layout)."""
         personal, masks = data.get("personal", {}), data.get("masks", {})
-        for what, table in (("personal models", personal), ("masks", masks)):
+        for what, table, shapes in (("personal models", personal, self.shapes), ("masks", masks, self.upload_shapes)):
             for key, params in table.items():
-                if set(params) != set(self.shapes) and not set(self.shapes) <= set(params):
+                if set(params) != set(shapes) and not set(shapes) <= set(params):
                     raise ValueError(f"checkpoint's {what} of {key!r} do not match the lightweight layout")
         self.initialized = bool(data.get("initialized", False))
         teacher = data.get("teacher") or None
@@ -767,6 +848,6 @@ class PFedKnow(HeterogeneousStrategy):
             self.target_ratio,
             self.ramp_rounds,
             self.delta,
-            self.labeled_x.shape[0],
+            self.labeled_y.shape[0],
         )
         super().summary()

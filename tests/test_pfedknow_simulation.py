@@ -62,3 +62,38 @@ def test_pfedknow_simulation_with_unlabeled_clients(tmp_path: Path) -> None:
     assert g2["prune-ratio"] > g1["prune-ratio"] > 0
     assert g2["payload-bytes-up"] < g1["payload-bytes-up"]
     assert "teacher-loss" in g1 and "init-loss" in g1  # the server initialized w_s' with the teacher
+
+
+#: The text path: 3 unlabeled clients on the embedded rotten_tomatoes, the tiny transformer (a 2-layer
+#: student under its full 6-layer teacher), magnitude pruning, 2 rounds.
+PFEDKNOW_TEXT_TINY = (
+    "method='pfedknow' model='tiny' tiers='iot' tier-layers='2' tier-proportions='1' tier-memory-mb='auto' "
+    "dataset='embedded:rotten_tomatoes' num-labels=2 max-seq-len=16 optimizer='adamw' lr=0.001 batch-size=16 "
+    "local-steps=3 server-test-size=100 eval-batch-size=64 fraction-evaluate=1.0 distill-steps=3 "
+    "distill-batch-size=16 num-server-rounds=2 checkpoint-keep=0 pfedknow-labeled-size=100 "
+    "pfedknow-teacher-steps=5 pfedknow-init-steps=5 pfedknow-prune-ratio=0.75 pfedknow-prune-rounds=2"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_pfedknow_text_simulation_uploads_sparse_transformer_weights(tmp_path: Path) -> None:
+    outcome = run_simulation(
+        supernodes=3,
+        run_config=PFEDKNOW_TEXT_TINY,
+        results_dir=tmp_path,
+        run_name="pfedknow-text",
+        flwr_home=tmp_path / "flwr-home",
+        echo=False,
+    )
+    assert outcome.ok, outcome.log[-4000:]
+    rows = read_rounds(outcome.results)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    for row in rows[1:]:
+        assert row["rejected"] == [] and row["failed"] == []
+        g = row["tiers"]["iot"]
+        assert g["clients"] == 3 and g["bytes-up"] < g["bytes-up-dense"]
+        assert math.isfinite(g["fed-accuracy-mean"])
+    g1, g2 = rows[1]["tiers"]["iot"], rows[2]["tiers"]["iot"]
+    assert g1["prune-ratio"] == 0.375 and g2["prune-ratio"] == 0.75  # progressive magnitude pruning
+    assert g2["payload-bytes-up"] < g1["payload-bytes-up"]

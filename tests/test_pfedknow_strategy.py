@@ -16,7 +16,7 @@ from models.family import CNNFamily
 from models.sparse import index_dtype, pack_parts, unpack_parts
 from models.training import TrainSettings
 from strategies.base import NodeProfile, Sent, record_nbytes, to_record
-from strategies.pfedknow import MODES, PFedKnow
+from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings
 from tests.toy import reply
 
 CAT = width_catalog("conv", [("iot", 1.0)], in_channels=1, num_classes=3, image_size=8, batch_size=4, base=(4, 6))
@@ -35,7 +35,10 @@ def _task(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # Messages need a run and a node outside a ServerApp
     monkeypatch.setattr(TaskIdentity, "_node_id", 0)
     monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: extra threads only add contention on shared CPUs
     yield
+    torch.set_num_threads(threads)
 
 
 def make(method: str = "pfedknow", **kw: object) -> PFedKnow:
@@ -45,13 +48,15 @@ def make(method: str = "pfedknow", **kw: object) -> PFedKnow:
         build_model=lambda: FAMILY.build(CAT.largest),
         build_teacher=lambda: TEACHER.at_rate(1.0),
         labeled=LABELED,
-        target_ratio=0.5,
-        ramp_rounds=2,
-        delta=1.0,  # keep every pseudo-label (untrained tiny models are uncertain)
-        distill_steps=3,
-        distill_batch_size=8,
-        teacher_steps=4,
-        init_steps=4,
+        settings=PFedKnowSettings(
+            target_ratio=0.5,
+            ramp_rounds=2,
+            delta=1.0,  # keep every pseudo-label (untrained tiny models are uncertain)
+            distill_steps=3,
+            distill_batch_size=8,
+            teacher_steps=4,
+            init_steps=4,
+        ),
         **kw,  # type: ignore[arg-type]
     )
     s.set_state(FAMILY.initial_states(CAT, seed=0))
@@ -59,11 +64,11 @@ def make(method: str = "pfedknow", **kw: object) -> PFedKnow:
     return s
 
 
-def send(s: PFedKnow, server_round: int) -> dict[int, Sent]:
+def send(s: PFedKnow, server_round: int, nodes: tuple[int, ...] = NODES) -> dict[int, Sent]:
     """What configure_train does after sampling: per-node messages, sparse re-encoding."""
     if not s.initialized:
         s.initialize(server_round)
-    s._sent_train = s._messages(NODES, server_round, ConfigRecord(), MessageType.TRAIN)
+    s._sent_train = s._messages(list(nodes), server_round, ConfigRecord(), MessageType.TRAIN)
     s.encode_messages(server_round)
     for i, rec in enumerate(s._sent_train.values()):
         rec.message.metadata.__dict__["_message_id"] = f"r{server_round}-m{i}"  # what push_messages fills in
