@@ -28,21 +28,19 @@ suite covers.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from bench.common import write_report
+from deploy.experiments import file_lock
 
 LOCK = Path("/tmp/hetfl-sim.lock")
 #: Tiny model, a real amount of local training, no federated evaluation, small server test set.
@@ -50,17 +48,6 @@ BASE = (
     "model='tiny' method='all-large' server-test-size=100 eval-batch-size=32 client-test-fraction=0.2 "
     "fraction-evaluate=0.0"
 )
-
-
-@contextmanager
-def sim_lock() -> Iterator[None]:
-    """Hold ``/tmp/hetfl-sim.lock`` (``flock``) for the duration."""
-    with LOCK.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _proc_rss_mb(pattern: str) -> float:
@@ -115,7 +102,7 @@ def simulate(
     from tests.flower_runs import read_rounds
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))
-    with sim_lock() if lock else contextlib.nullcontext():
+    with file_lock(LOCK if lock else None):
         start = time.time()
         with ProcessPeak() as peak:
             outcome = run_simulation(
@@ -200,7 +187,7 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
     )
     # both halves in one lock window, back to back, so no other simulation loads the machine
     # during either (the bare loop needs no lock itself)
-    with sim_lock():
+    with file_lock(LOCK):
         load = [os.getloadavg()[0]]
         sim = simulate(a.clients, rc, "overhead", cpus_per_client=2.0, timeout=a.timeout, lock=False)
         load.append(os.getloadavg()[0])

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.launch import _PAIR, ROOT, _toml_value, merge_overrides, run_simulation
+from deploy.launch import ROOT, merge_overrides, parse_pairs, run_config_pairs, run_simulation
 
 SUITES_DIR = ROOT / "deploy" / "suites"
 #: ``seed`` of a suite's first seed; seed ``i`` (0-based) runs with ``BASE_SEED + i``.
@@ -266,10 +266,6 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
 
 
-def _pairs(values: Mapping[str, Scalar]) -> str:
-    return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())
-
-
 def run_config_values(run: SuiteRun, preset: Preset, seed: int) -> dict[str, Scalar]:
     """Run-config keys of ``run`` at ``seed``: config file < preset < run overrides < ``seed``."""
     values: dict[str, Scalar] = {}
@@ -284,7 +280,7 @@ def run_config_values(run: SuiteRun, preset: Preset, seed: int) -> dict[str, Sca
 
 def run_config_for(run: SuiteRun, preset: Preset, seed: int) -> str:
     """:func:`run_config_values` as the ``k=v`` string ``flwr run --run-config`` takes."""
-    return merge_overrides(_pairs(run_config_values(run, preset, seed)))
+    return merge_overrides(run_config_pairs(run_config_values(run, preset, seed)))
 
 
 def plan_runs(suite: Suite, preset: str, seeds: int, only: Sequence[str] = ()) -> list[PlannedRun]:
@@ -335,7 +331,7 @@ def is_done(runs_dir: Path, planned: PlannedRun) -> bool:
 
 def same_run_config(a: str, b: str) -> bool:
     """Whether two ``k=v`` run-config strings set the same keys to the same values (in any order)."""
-    return dict(_PAIR.findall(a)) == dict(_PAIR.findall(b))
+    return parse_pairs(a) == parse_pairs(b)
 
 
 # --------------------------------------------------------------------------------- results

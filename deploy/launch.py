@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,11 +96,21 @@ def config_file_overrides(path: Path) -> str:
     nested = [k for k, v in table.items() if isinstance(v, dict)]
     if nested:
         raise ValueError(f"{path}: expected flat 'key = value' lines, got tables {nested}")
-    return " ".join(f"{k}={_toml_value(v)}" for k, v in table.items())
+    return run_config_pairs(table)
+
+
+def run_config_pairs(values: Mapping[str, object]) -> str:
+    """``{key: value}`` as ``k='v' k2=2`` (the ``--run-config`` form; strings, numbers, booleans)."""
+    return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())
 
 
 #: ``key=value`` pairs as ``flwr run --run-config`` reads them (quoted values may hold spaces).
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+
+
+def parse_pairs(text: str) -> dict[str, str]:
+    """The ``key -> raw value`` pairs of a ``k=v`` run-config string (a later repeat of a key wins)."""
+    return dict(_PAIR.findall(text))
 
 
 def merge_overrides(*overrides: str) -> str:

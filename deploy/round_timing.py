@@ -29,11 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.launch import ROOT, Ports, run_loopback
-
-#: The tiny run of the deployment tests (tests/flower_runs.py).
-TINY = (
-    "model='tiny' server-test-size=100 local-steps=2 eval-batch-size=32 client-test-fraction=0.2 fraction-evaluate=1.0"
-)
+from tests.flower_runs import TINY, tiny_budgets  # the tiny run of the deployment tests
 
 
 def import_seconds(module: str = "client.app", repeats: int = 2) -> float:
@@ -53,8 +49,6 @@ def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[
     ``flwr-clientapp`` process per message, short polls), ``flower`` (cold and Flower's default
     poll intervals: SuperExec 1 s, reply polling 3 s).
     """
-    from tests.flower_runs import tiny_budgets
-
     modes = {
         "warm": {"HETFL_WARM_EXECUTOR": "1"},
         "cold": {"HETFL_WARM_EXECUTOR": "0"},
