@@ -11,7 +11,9 @@
     clients*: per client its data partition (the client's own
     loaders), the variant built and loaded with the round's weights, ``train_classifier`` with
     the run's settings -- everything the ClientApp does except Flower.  Flower's share of a
-    round after warm-up (rounds >= 2) is ``1 - bare / round``.
+    round after warm-up (rounds >= 2) is ``1 - bare / round``.  ``--threads N`` gives the
+    ClientApps and the ServerApp N torch threads (``client-threads`` / ``server-threads``) and the
+    bare loop the same N (it reads the same run config).
 ``scale``
     ``--clients`` virtual clients (e.g. 100 and 1000), 20 sampled per round, 2 rounds, the tiny
     model: the round time of every round and the peak resident memory of the simulation's
@@ -50,38 +52,92 @@ BASE = (
 )
 
 
-def _proc_rss_mb(pattern: str) -> float:
-    """Summed resident memory of this user's processes whose command line contains ``pattern``."""
-    total = 0.0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+#: Process kinds of a Ray simulation, by a substring of the command line (first match wins).
+KINDS = (
+    ("clientapp", "ClientAppActor"),
+    ("superlink", "flower-superlink"),
+    ("serverapp", "flwr-simulation"),
+    ("flwr-cli", "bin/flwr run"),
+    ("ray", "ray"),
+)
+_TICK = os.sysconf("SC_CLK_TCK")
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _kind(cmd: str) -> str | None:
+    if "bench.simulation" in cmd:
+        return None
+    return next((kind for kind, needle in KINDS if needle in cmd), None)
+
+
+def _scan() -> dict[int, tuple[str, float, float]]:
+    """``pid -> (kind, CPU seconds so far, resident MB)`` of every simulation process now alive."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            if pattern not in cmd or "bench.simulation" in cmd:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                kind = _kind(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            if kind is None:
                 continue
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+            with open(f"/proc/{name}/stat") as f:  # fields 14, 15: utime, stime (after the ")")
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/statm") as f:
+                rss = int(f.read().split()[1]) * _PAGE_MB
+            out[int(name)] = (kind, (int(fields[11]) + int(fields[12])) / _TICK, rss)
         except (OSError, ValueError, IndexError):
             continue
-    return total
+    return out
 
 
-class ProcessPeak:
-    """Background sampler of :func:`_proc_rss_mb` (the simulation's server process)."""
+class ProcessSampler:
+    r"""Background sampler of the simulation's processes: server peak RSS and CPU time per kind.
 
-    def __init__(self, pattern: str = "flwr-simulation", interval: float = 0.2) -> None:
-        self.pattern, self.interval, self.peak = pattern, interval, 0.0
+    Every ``interval`` seconds it reads ``/proc``: the summed RSS of the ``serverapp`` processes
+    (``flwr-simulation``: ServerApp + Ray driver; ``peak`` is its maximum) and each process's
+    CPU time (user + system), kept per pid so that a process that exits keeps its last sample.
+    With ``rounds`` (a ``rounds.jsonl``), it also notes when each row appeared, and
+    :meth:`cpu_between` gives the CPU seconds per kind used between two rows,
+    :math:`\sum_{p \in kind} (c_p(t_b) - c_p(t_a))` (a process born after ``t_a`` counts from 0).
+    """
+
+    def __init__(self, rounds: Path | None = None, interval: float = 0.25) -> None:
+        self.rounds, self.interval, self.peak = rounds, interval, 0.0
+        self.samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
+        self.row_times: list[float] = []
+        self._cpu: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, _proc_rss_mb(self.pattern))
+            self.tick()
             time.sleep(self.interval)
+        self.tick()
 
-    def __enter__(self) -> ProcessPeak:
+    def tick(self) -> None:
+        """Take one sample."""
+        now = time.time()
+        procs = _scan()
+        self.peak = max(self.peak, sum(rss for kind, _, rss in procs.values() if kind == "serverapp"))
+        self._cpu.update({pid: (kind, cpu) for pid, (kind, cpu, _) in procs.items()})
+        self.samples.append((now, dict(self._cpu)))
+        if self.rounds is not None and self.rounds.exists():
+            with self.rounds.open("rb") as f:
+                rows = f.read().count(b"\n")
+            self.row_times += [now] * (rows - len(self.row_times))
+
+    def cpu_between(self, t_a: float, t_b: float) -> dict[str, float]:
+        """CPU seconds per kind used between wall times ``t_a`` and ``t_b`` (nearest samples)."""
+        before = next((cpu for t, cpu in reversed(self.samples) if t <= t_a), {})
+        after = next((cpu for t, cpu in self.samples if t >= t_b), self.samples[-1][1] if self.samples else {})
+        out = {kind: 0.0 for kind, _ in KINDS}
+        for pid, (kind, cpu) in after.items():
+            out[kind] += cpu - before.get(pid, (kind, 0.0))[1]
+        return out
+
+    def __enter__(self) -> ProcessSampler:
         self._thread.start()
         return self
 
@@ -104,7 +160,7 @@ def simulate(
     tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))
     with file_lock(LOCK if lock else None):
         start = time.time()
-        with ProcessPeak() as peak:
+        with ProcessSampler(tmp / name / "rounds.jsonl") as sampler:
             outcome = run_simulation(
                 supernodes=clients,
                 run_config=run_config,
@@ -119,7 +175,18 @@ def simulate(
     if not outcome.ok:
         raise RuntimeError(f"simulation {name} failed:\n{outcome.log[-3000:]}")
     rows = read_rounds(outcome.results)
-    return {"clients": clients, "wall_s": wall, "server_peak_rss_mb": peak.peak, "rounds": rows[1:]}
+    # CPU seconds per process kind from the end of round 1 to the end of the last round
+    times = sampler.row_times
+    steady = sampler.cpu_between(times[1], times[-1]) if len(times) > 2 else {}
+    steady_wall = times[-1] - times[1] if len(times) > 2 else 0.0
+    return {
+        "clients": clients,
+        "wall_s": wall,
+        "server_peak_rss_mb": sampler.peak,
+        "rounds": rows[1:],
+        "cpu_s_after_round_1": steady,
+        "wall_s_after_round_1": steady_wall,
+    }
 
 
 def bare_loop(clients: int, run_config: str, rounds: int) -> list[dict[str, float]]:
@@ -183,7 +250,7 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
     """Flower's share of a round after warm-up."""
     rc = (
         f"{BASE} num-server-rounds={a.rounds} local-steps={a.local_steps} batch-size={a.batch_size} "
-        f"min-available-nodes={a.clients}"
+        f"min-available-nodes={a.clients} client-threads={a.threads} server-threads={a.threads}"
     )
     # both halves in one lock window, back to back, so no other simulation loads the machine
     # during either (the bare loop needs no lock itself)
@@ -214,10 +281,24 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
         "load_average_1m": load,
     }
     print(f"run config: {rc}; {a.clients} clients, serial (client-resources-num-cpus=2)")
-    print(f"{'round':>5}{'sim round s':>13}{'ClientApp train s':>19}{'bare loop s':>13}{'flower share':>14}")
+    # outside s = the round minus the ClientApp train handlers: messages, Ray scheduling, aggregation,
+    # the server's evaluation
+    print(
+        f"{'round':>5}{'sim round s':>13}{'ClientApp train s':>19}{'outside s':>11}{'bare loop s':>13}"
+        f"{'flower share':>14}"
+    )
     for i, (s, c, b) in enumerate(zip(sim_rounds, client_train, bare_rounds, strict=False)):
-        print(f"{i + 1:>5}{s:>13.2f}{c:>19.2f}{b:>13.2f}{1 - b / s:>14.1%}")
+        print(f"{i + 1:>5}{s:>13.2f}{c:>19.2f}{s - c:>11.2f}{b:>13.2f}{1 - b / s:>14.1%}")
     print(f"Flower's share after warm-up (median of rounds >= 2): {report['flower_share_after_warmup']:.1%}")
+    cpu, wall = sim["cpu_s_after_round_1"], sim["wall_s_after_round_1"]
+    if cpu and wall > 0:
+        # what each kind of process burnt in rounds >= 2, in cores (CPU seconds / wall seconds)
+        report["cores_after_round_1"] = {kind: c / wall for kind, c in cpu.items()}
+        total = sum(cpu.values())
+        print(
+            f"CPU in rounds >= 2 ({wall:.1f} s wall, {os.cpu_count()} cores): "
+            + ", ".join(f"{kind} {c:.1f} s ({c / total:.0%})" for kind, c in cpu.items())
+        )
     print(f"1-minute load average before / after the simulation / after the bare loop: {load}")
     return report
 
@@ -260,6 +341,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--local-steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--threads", type=int, default=0,
+        help="overhead: torch threads of the ClientApps, the ServerApp and the bare loop (0 = torch's default)",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help="overhead's bare loop only: 2 clients, 2 rounds, 1 step")

@@ -25,7 +25,7 @@ from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile
 from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
-from models.training import evaluate_classifier, train_classifier
+from models.training import evaluate_classifier, train_classifier, use_threads
 from server.config import PFEDKNOW_METHODS, RunConfig
 
 app = ClientApp()
@@ -37,8 +37,10 @@ def _config(items: tuple[tuple[str, object], ...]) -> RunConfig:
 
 
 def run_config(context: Context) -> RunConfig:
-    """Validated run configuration (cached per process)."""
-    return _config(tuple(sorted(context.run_config.items())))
+    """Validated run configuration (cached per process); applies ``client-threads``."""
+    cfg = _config(tuple(sorted(context.run_config.items())))
+    use_threads(cfg.client_threads)
+    return cfg
 
 
 def profile_of(context: Context, cfg: RunConfig) -> DeviceProfile:

@@ -39,6 +39,19 @@ class TrainSettings:
     local_epochs: int = 1
 
 
+def use_threads(threads: int) -> int:
+    """Set this process's torch intra-op threads to ``threads`` (0 = leave as is); return the count in use.
+
+    A parallel kernel finishes with its slowest thread, so on cores shared with other busy
+    processes (a SuperNode, the SuperLink, Ray's daemons) fewer threads than cores can be faster.
+    """
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    if threads and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def make_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """AdamW or SGD (momentum 0.9) over the trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]

@@ -36,7 +36,7 @@ from models.data import (
 )
 from models.family import ArchitectureFamily, CNNFamily, TransformerFamily
 from models.images import image_shape, image_tensors, mixed_domains
-from models.training import evaluate_classifier
+from models.training import evaluate_classifier, use_threads
 from models.transformer import build_model, full_config, load_tokenizer, resolve_source
 from server.checkpoint import (
     Checkpoint,
@@ -379,6 +379,7 @@ def restore(
 def main(grid: Grid, context: Context) -> None:
     """Run (or resume) ``num-server-rounds`` rounds of the configured method and write results."""
     cfg = RunConfig.from_flower(context.run_config)
+    use_threads(cfg.server_threads)
     check_data(cfg, cfg.data_spec())
     strategy = build_strategy(cfg)
     torch.manual_seed(cfg.seed)

@@ -149,6 +149,9 @@ class RunConfig(BaseModel):
     batch_size: int = Field(16, ge=1)
     max_seq_len: int = Field(48, ge=8, le=512)
     eval_batch_size: int = Field(64, ge=1)
+    # torch intra-op threads per process (0 = torch's default: one per core)
+    client_threads: int = Field(0, ge=0)
+    server_threads: int = Field(0, ge=0)
     # data
     dataset: str = "embedded:rotten_tomatoes"
     text_column: str = "text"

@@ -81,17 +81,19 @@ def fedadam_step(
     eta_t = cfg.eta * math.sqrt(1.0 - cfg.beta_2 ** (t + 1)) / (1.0 - cfg.beta_1 ** (t + 1))
     out = dict(params)
     for name, d in delta.items():
-        # The operations of the update rule, in its order (so the result is bit-identical
-        # to the plain expressions), each into a fresh or an in-place result: five new
-        # tensors per parameter instead of eleven.  The previous moments and ``params``
-        # are only read (a checkpoint may still hold them).
+        # Seven element-wise passes per parameter, each into a fresh or an in-place result
+        # (the plain expressions take twelve): the fused ``add_(alpha=)``, ``addcmul_`` and
+        # ``addcdiv`` compute the same sums with one rounding less, so the result equals the
+        # plain formula (and Flower's NumPy strategy) to float precision, not bit for bit.
+        # The previous moments and ``params`` are only read (a checkpoint may still hold them).
         m, v = state.m.get(name), state.v.get(name)
-        g = torch.mul(d, 1 - cfg.beta_1)
-        m = g if m is None else torch.mul(m, cfg.beta_1).add_(g)
-        g = torch.mul(d, 1 - cfg.beta_2).mul_(d)
-        v = g if v is None else torch.mul(v, cfg.beta_2).add_(g)
+        m = torch.mul(d, 1 - cfg.beta_1) if m is None else torch.mul(m, cfg.beta_1).add_(d, alpha=1 - cfg.beta_1)
+        if v is None:
+            v = torch.mul(d, d).mul_(1 - cfg.beta_2)
+        else:
+            v = torch.mul(v, cfg.beta_2).addcmul_(d, d, value=1 - cfg.beta_2)
         state.m[name] = m
         state.v[name] = v
-        # w + eta_t m / (sqrt(v) + tau); a + b == b + a exactly in IEEE arithmetic
-        out[name] = torch.mul(m, eta_t).div_(torch.sqrt(v).add_(cfg.tau)).add_(params[name])
+        # w + eta_t m / (sqrt(v) + tau)
+        out[name] = torch.addcdiv(params[name], m, torch.sqrt(v).add_(cfg.tau), value=eta_t)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,34 @@ def test_simulation_bare_loop_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     rows = sim_main(["overhead", "--smoke"])["bare_rounds"]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["train_s"] > 0 and r["total_s"] >= r["train_s"] for r in rows)
+
+
+def test_process_sampler_kinds_and_cpu_between(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from bench.simulation import ProcessSampler, _kind
+
+    assert _kind("/x/bin/flower-superlink --insecure") == "superlink"
+    assert _kind("ray::ClientAppActor.run") == "clientapp"
+    assert _kind("/x/bin/flwr-simulation --token t") == "serverapp"
+    assert _kind("python -m bench.simulation overhead") is None and _kind("bash") is None
+    s = ProcessSampler()
+    s.samples = [(0.0, {1: ("superlink", 1.0)}), (1.0, {1: ("superlink", 1.5), 2: ("clientapp", 2.0)})]
+    s.samples.append((2.0, {1: ("superlink", 1.75), 2: ("clientapp", 3.0)}))
+    cpu = s.cpu_between(0.0, 2.0)  # pid 2 was born after t = 0: counts from 0
+    assert cpu["superlink"] == 0.75 and cpu["clientapp"] == 3.0 and cpu["serverapp"] == 0.0
+    assert s.cpu_between(1.0, 2.0)["clientapp"] == 1.0
+    # a real process that burns CPU under a matching name, and rows appearing in a rounds file
+    rounds = tmp_path / "rounds.jsonl"
+    burn = "import time; t = time.time()\nwhile time.time() - t < 0.6: pass"
+    with ProcessSampler(rounds, interval=0.05) as live:
+        rounds.write_text("{}\n")
+        subprocess.run([sys.executable, "-c", burn, "flower-superlink"], check=True)
+        rounds.write_text("{}\n{}\n")
+        time.sleep(0.2)
+    assert len(live.row_times) == 2 and live.row_times[0] <= live.row_times[1]
+    assert 0.2 < live.cpu_between(live.samples[0][0], live.samples[-1][0])["superlink"] < 1.5
 
 
 def test_scale_server_child_samples_per_round_from_all_nodes() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -44,6 +45,8 @@ def test_pyproject_defaults_equal_model_defaults() -> None:
         ("num-server-rounds", 0),
         ("max-seq-len", 4),
         ("server-tau", 0),
+        ("client-threads", -1),
+        ("server-threads", -2),
     ],
 )
 def test_invalid_value_fails_naming_the_key(key: str, value: object) -> None:
@@ -59,6 +62,26 @@ def test_invalid_value_fails_naming_the_key(key: str, value: object) -> None:
 def test_unknown_key_rejected() -> None:
     with pytest.raises(ConfigError, match="'num-rounds'"):
         RunConfig.from_flower({**pyproject_config(), "num-rounds": 3})
+
+
+def test_client_threads_applied_by_every_handler_config() -> None:
+    import torch
+
+    from client.app import run_config
+    from models.training import use_threads
+
+    before = torch.get_num_threads()
+    try:
+        ctx = SimpleNamespace(run_config={**pyproject_config(), "client-threads": 1}, node_config={})
+        assert run_config(ctx).client_threads == 1  # type: ignore[arg-type]
+        assert torch.get_num_threads() == 1
+        ctx.run_config["client-threads"] = 0  # 0 leaves the count alone
+        run_config(ctx)  # type: ignore[arg-type]
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError, match="threads"):
+            use_threads(-1)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_training_catalog_per_method() -> None:
