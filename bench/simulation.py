@@ -52,13 +52,13 @@ BASE = (
 )
 
 
-#: Process kinds of a Ray simulation, by a substring of the command line (first match wins).
-KINDS = (
-    ("clientapp", "ClientAppActor"),
-    ("superlink", "flower-superlink"),
-    ("serverapp", "flwr-simulation"),
-    ("flwr-cli", "bin/flwr run"),
-    ("ray", "ray"),
+#: Process kinds of a Ray simulation, by substrings of the command line (first match wins).
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("clientapp", ("ClientAppActor",)),
+    ("superlink", ("flower-superlink",)),
+    ("serverapp", ("flwr-simulation",)),
+    ("flwr-cli", ("bin/flwr run",)),
+    ("ray", ("ray::", "/ray/", "raylet", "gcs_server")),
 )
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -67,7 +67,7 @@ _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 def _kind(cmd: str) -> str | None:
     if "bench.simulation" in cmd:
         return None
-    return next((kind for kind, needle in KINDS if needle in cmd), None)
+    return next((kind for kind, needles in KINDS if any(n in cmd for n in needles)), None)
 
 
 def _scan() -> dict[int, tuple[str, float, float]]:
