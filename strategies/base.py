@@ -11,7 +11,9 @@ heterogeneous method needs and leaves only the aggregation math to subclasses:
   node's variant and sends one ``Message`` per node;
 * **validation** -- ``aggregate_train`` checks every reply against the layout it was
   sent (keys, shapes, dtype, finite values, example count, variant, round); a bad
-  reply is logged and dropped before it touches any sum;
+  reply is logged and dropped before its mean reaches the model (finiteness is checked
+  once on the round's sums where the replies are held, and reply by reply only when a
+  sum is not finite: :meth:`HeterogeneousStrategy.defers_finiteness`);
 * **streaming** -- per-group :class:`~strategies.streaming.StreamingMean`, so
   memory is ``O(groups x model)``, independent of the number of replies;
 * **failures** -- error replies (a ClientApp exception, or a dead node whose error
@@ -40,8 +42,8 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -66,6 +68,8 @@ from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
 from strategies.validation import (
     ReplyRejected,
+    all_finite,
+    non_finite_reason,
     validate_evaluate_reply,
     validate_examples_claim,
     validate_train_reply,
@@ -265,6 +269,22 @@ class RoundReport:
         """Accumulate ``value`` under ``key`` for ``variant``."""
         g = self.group(variant)
         g[key] = g.get(key, 0.0) + value
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    """A validated training reply: its node, tensors (payload views), examples, metrics, bytes."""
+
+    sent: Sent
+    tensors: Mapping[str, Tensor]
+    num_examples: int
+    metrics: MetricRecord
+    nbytes: int
+
+
+def _sums_finite(means: Mapping[str, StreamingMean]) -> bool:
+    """Whether every per-variant sum is free of NaN and Inf."""
+    return all(all_finite(t) for m in means.values() for t in m.sums.values())
 
 
 class HeterogeneousStrategy(Strategy):
@@ -633,14 +653,93 @@ class HeterogeneousStrategy(Strategy):
         update is clipped before it is folded (``clipped`` counts them per variant); with
         ``robust_aggregation="median"`` replies are buffered per variant and each group's
         coordinate-wise median is folded once (:meth:`fold_group`).
+
+        Finiteness is checked per reply before it is folded, except where
+        :meth:`defers_finiteness`: there the per-variant sums are checked once (a NaN or Inf
+        in any reply makes its variant's sum NaN or Inf) and only when one is not finite is
+        every held reply checked, the non-finite ones rejected with the same reason and the
+        sums rebuilt from the rest -- one pass over the sums instead of one over every reply.
+        Either way, sums that are still not finite (finite replies whose weighted sum
+        overflows float32) are discarded with a logged reason: the round then leaves the
+        model as if no reply had come.
         """
         server_round = self.global_round(server_round)
         report = self.report(server_round)
-        sent = self._by_message_id(self._sent_train)
-        means: dict[str, StreamingMean] = {}
-        buffers: dict[str, MedianBuffer] = {}
+        defer = self.defers_finiteness(replies)
+        entries = self._accepted_replies(server_round, replies, report, check_finite=not defer)
+        accepted, means = self._fold_accepted(entries, report, keep_tensors=defer)
+        finite = _sums_finite(means)
+        if defer and not finite:
+            kept = []
+            for entry in accepted:
+                reason = non_finite_reason(entry.tensors)
+                if reason is None:
+                    kept.append(entry)
+                else:
+                    self._reject(report, f"node {entry.sent.node_id} ({entry.sent.variant}): {reason}")
+            del means
+            accepted, means = self._fold_accepted(kept, report, keep_tensors=False)
+            finite = _sums_finite(means)
+        if not finite:
+            self._reject(report, "the weighted sums overflow float32 (every reply finite); the round is discarded")
+            accepted, means = [], {}
         counts = {v.name: 0 for v in self.catalog}
         client_metrics: dict[str, StreamingMean] = {}
+        for entry in accepted:
+            variant, n = entry.sent.variant, entry.num_examples
+            counts[variant] += 1
+            report.add(variant, "clients", 1)
+            report.add(variant, "examples", n)
+            report.add(variant, "bytes-up", entry.nbytes)
+            scalars = {
+                k: torch.tensor(float(v))
+                for k, v in entry.metrics.items()
+                if k != "num-examples" and isinstance(v, int | float) and math.isfinite(v)
+            }
+            if scalars:
+                client_metrics.setdefault(variant, StreamingMean()).add(scalars, n)
+        del accepted
+        mean_params = {k: m.mean() for k, m in means.items()}
+        self.apply_round(server_round, mean_params, counts)
+        self._compose_state()
+        out = MetricRecord()
+        for variant, acc in client_metrics.items():
+            for key, value in acc.mean().items():
+                out[f"{variant}/{key}"] = float(value)
+                report.group(variant)[key] = float(value)
+        for variant, c in counts.items():
+            out[f"{variant}/clients"] = c
+        return self._record, out
+
+    def defers_finiteness(self, replies: Iterable[Message]) -> bool:
+        """Whether :meth:`aggregate_train` checks the sums' finiteness instead of every reply's.
+
+        Only when the replies are already held (a ``Sequence``: Flower's ``send_and_receive``
+        returns a list), so a failed check can go back to them -- a lazy iterable is checked
+        reply by reply and never held -- and only when every reply lands in the local
+        per-variant sums that are rebuilt after a failure: the base :meth:`fold_reply`, no
+        clipping (a clipped reply's norm needs finite values), no median.
+        """
+        return (
+            isinstance(replies, Sequence)
+            and type(self).fold_reply is HeterogeneousStrategy.fold_reply
+            and not self.clip_bounds
+            and self.robust_aggregation == "mean"
+        )
+
+    def _reject(self, report: RoundReport, reason: str) -> None:
+        log(WARNING, "rejected train reply: %s", reason)
+        report.rejected.append(reason)
+
+    def _accepted_replies(
+        self, server_round: int, replies: Iterable[Message], report: RoundReport, *, check_finite: bool
+    ) -> Iterator[_Accepted]:
+        """Match and validate the replies one at a time; yield the accepted ones.
+
+        The failed and rejected replies are reported as they come, the missing ones once the
+        replies are exhausted.  The tensors are views of the reply's payload bytes (no copies).
+        """
+        sent = self._by_message_id(self._sent_train)
         seen: list[tuple[str, int]] = []
         for reply in replies:
             seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
@@ -656,16 +755,32 @@ class HeterogeneousStrategy(Strategy):
                     variant=rec.variant,
                     server_round=server_round,
                     max_examples=self.max_examples,
+                    check_finite=check_finite,
                 )
                 profile = self.profiles.get(rec.node_id)
                 if profile is not None:
                     validate_examples_claim(n, profile.num_examples)
                 self.check_reply(rec, tensors)
             except ReplyRejected as exc:
-                reason = f"node {rec.node_id} ({rec.variant}): {exc}"
-                log(WARNING, "rejected train reply: %s", reason)
-                report.rejected.append(reason)
+                self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue
+            nbytes = record_nbytes(reply.content["arrays"])  # type: ignore[arg-type]
+            yield _Accepted(rec, tensors, n, metrics, nbytes)
+        self._report_missing(sent, seen, report, "train")
+
+    def _fold_accepted(
+        self, entries: Iterable[_Accepted], report: RoundReport, *, keep_tensors: bool
+    ) -> tuple[list[_Accepted], dict[str, StreamingMean]]:
+        """Clip, then fold (or buffer for the median) every accepted reply.
+
+        Returns the entries (without their tensors unless ``keep_tensors``: then a lazy
+        stream of replies is folded and released one at a time) and the per-variant sums.
+        """
+        means: dict[str, StreamingMean] = {}
+        buffers: dict[str, MedianBuffer] = {}
+        kept: list[_Accepted] = []
+        for entry in entries:
+            rec, tensors, n = entry.sent, entry.tensors, entry.num_examples
             bound = self.clip_bounds.get(rec.variant, 0.0)
             if bound > 0:
                 sent_weights = self.variant_payload(rec.node_id, rec.variant)
@@ -678,34 +793,12 @@ class HeterogeneousStrategy(Strategy):
                 buffers.setdefault(rec.variant, MedianBuffer()).add(tensors, float(n))
             else:
                 self.fold_reply(rec, tensors, n, means)
-            counts[rec.variant] += 1
-            report.add(rec.variant, "clients", 1)
-            report.add(rec.variant, "examples", n)
-            report.add(rec.variant, "bytes-up", record_nbytes(reply.content["arrays"]))  # type: ignore[arg-type]
-            scalars = {
-                k: torch.tensor(float(v))
-                for k, v in metrics.items()
-                if k != "num-examples" and isinstance(v, int | float) and math.isfinite(v)
-            }
-            if scalars:
-                client_metrics.setdefault(rec.variant, StreamingMean()).add(scalars, n)
             del tensors
-        self._report_missing(sent, seen, report, "train")
+            kept.append(entry if keep_tensors else replace(entry, tensors={}))
         for variant, buf in buffers.items():
             median, total, count = buf.result()
             self.fold_group(variant, median, total, count, means)
-        buffers.clear()
-        mean_params = {k: m.mean() for k, m in means.items()}
-        self.apply_round(server_round, mean_params, counts)
-        self._compose_state()
-        out = MetricRecord()
-        for variant, acc in client_metrics.items():
-            for key, value in acc.mean().items():
-                out[f"{variant}/{key}"] = float(value)
-                report.group(variant)[key] = float(value)
-        for variant, c in counts.items():
-            out[f"{variant}/clients"] = c
-        return self._record, out
+        return kept, means
 
     def check_reply(self, sent: Sent, tensors: Mapping[str, Tensor]) -> None:
         """Method-specific semantic checks; raise :class:`ReplyRejected` to drop."""

@@ -41,7 +41,9 @@ def _record(content: RecordDict, key: str, kind: type) -> object:
     return rec
 
 
-def validate_arrays(arrays: ArrayRecord, expected: Mapping[str, ParamSpec]) -> dict[str, Tensor]:
+def validate_arrays(
+    arrays: ArrayRecord, expected: Mapping[str, ParamSpec], *, check_finite: bool = True
+) -> dict[str, Tensor]:
     """Check keys, shapes, dtypes and finiteness; return the tensors (read-only views, see :func:`decode_array`).
 
     Parameters
@@ -50,6 +52,10 @@ def validate_arrays(arrays: ArrayRecord, expected: Mapping[str, ParamSpec]) -> d
         What the client sent.
     expected : Mapping[str, ParamSpec]
         Exactly the tensors the reply must contain.
+    check_finite : bool
+        Reject a tensor holding NaN or Inf (:func:`non_finite_reason`).  ``False`` leaves that
+        one check to a caller that checks its sums instead and re-checks the replies it
+        still holds when a sum is not finite (``HeterogeneousStrategy.aggregate_train``).
 
     """
     got = set(arrays.keys())
@@ -65,11 +71,20 @@ def validate_arrays(arrays: ArrayRecord, expected: Mapping[str, ParamSpec]) -> d
             raise ReplyRejected(f"{name}: shape {tuple(arr.shape)} != {spec.shape}")
         if arr.dtype != spec.dtype:
             raise ReplyRejected(f"{name}: dtype {arr.dtype} != {spec.dtype}")
-        t = decode_array(name, arr.data, spec)
-        if not all_finite(t):
-            raise ReplyRejected(f"{name}: contains NaN or Inf")
-        out[name] = t
+        out[name] = decode_array(name, arr.data, spec)
+    if check_finite:
+        reason = non_finite_reason(out)
+        if reason is not None:
+            raise ReplyRejected(reason)
     return out
+
+
+def non_finite_reason(tensors: Mapping[str, Tensor]) -> str | None:
+    """``"<name>: contains NaN or Inf"`` for the first tensor that does, else ``None``."""
+    for name, t in tensors.items():
+        if not all_finite(t):
+            return f"{name}: contains NaN or Inf"
+    return None
 
 
 def decode_array(name: str, data: bytes, spec: ParamSpec) -> Tensor:
@@ -191,15 +206,19 @@ def validate_train_reply(
     variant: str,
     server_round: int,
     max_examples: int,
+    check_finite: bool = True,
 ) -> tuple[dict[str, Tensor], int, MetricRecord]:
-    """Validate a whole training reply; return ``(tensors, num_examples, metrics)``."""
+    """Validate a whole training reply; return ``(tensors, num_examples, metrics)``.
+
+    ``check_finite`` as in :func:`validate_arrays`.
+    """
     validate_config(content, variant=variant, server_round=server_round)
     metrics = _record(content, "metrics", MetricRecord)
     assert isinstance(metrics, MetricRecord)
     n = validate_num_examples(metrics, key="num-examples", max_examples=max_examples)
     arrays = _record(content, "arrays", ArrayRecord)
     assert isinstance(arrays, ArrayRecord)
-    return validate_arrays(arrays, expected), n, metrics
+    return validate_arrays(arrays, expected, check_finite=check_finite), n, metrics
 
 
 def validate_evaluate_reply(

@@ -119,11 +119,13 @@ def test_aggregation_bench_replies_are_accepted_and_plain_means_match_flower() -
         torch.testing.assert_close(torch.from_numpy(flower[name].numpy()), t, rtol=1e-5, atol=1e-6)
 
 
-def test_server_memory_child_measures_one_lazy_round() -> None:
+@pytest.mark.parametrize("held", [False, True], ids=["streamed", "held"])
+def test_server_memory_child_measures_one_round(held: bool) -> None:
     from bench.server_memory import child
 
-    row = child("tiny", "inclusivefl", 3, "mixed")
-    assert row["replies"] == 3 and row["peak_mb"] >= row["baseline_mb"] and row["server_state_mb"] > 0
+    row = child("tiny", "inclusivefl", 3, "mixed", held)
+    assert row["replies"] == 3 and row["held"] is held
+    assert row["peak_mb"] >= row["baseline_mb"] and row["server_state_mb"] > 0
 
 
 def test_communication_bytes_follow_the_variants() -> None:

@@ -128,21 +128,24 @@ BAD: dict[str, Callable] = {
 }
 
 
-def run_round(bad: Callable | None) -> tuple[InclusiveFL, dict]:
+def run_round(bad: Callable | None, *, held: bool = True) -> tuple[InclusiveFL, dict]:
+    """One round with ``bad``'s reply third; ``held=False`` streams the replies from a generator."""
     torch.manual_seed(0)
     s = make_strategy()
     replies = good_replies(s)
     if bad is not None:
         replies.insert(2, bad(s))
-    s.aggregate_train(1, replies)
+    s.aggregate_train(1, replies if held else (r for r in replies))
     return s, s.report(1).__dict__
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held", "streamed"])
 @pytest.mark.parametrize("kind", list(BAD))
-def test_bad_reply_is_rejected_and_state_unchanged(kind: str) -> None:
+def test_bad_reply_is_rejected_and_state_unchanged(kind: str, held: bool) -> None:
     clean, _ = run_round(None)
-    dirty, report = run_round(BAD[kind])
+    dirty, report = run_round(BAD[kind], held=held)
     assert len(report["rejected"]) + len(report["failed"]) == 1, report
+    assert dirty.report(1).groups == clean.report(1).groups, "the bad reply was counted"
     for variant, params in clean.state.items():
         for name, t in params.items():
             assert torch.equal(t, dirty.state[variant][name]), (kind, variant, name)
@@ -165,3 +168,36 @@ def test_round_without_replies_keeps_state() -> None:
     for v, p in before.items():
         for k, t in p.items():
             assert torch.equal(t, s.state[v][k])
+
+
+def test_non_finite_reason_is_the_same_held_or_streamed() -> None:
+    """Held replies are checked through their sums, streamed ones one by one: same verdict."""
+    reasons = [run_round(_nan, held=held)[1]["rejected"] for held in (True, False)]
+    assert reasons[0] == reasons[1] == ["node 21 (medium): bert.encoder.layer.0.w: contains NaN or Inf"]
+
+
+def test_finiteness_is_deferred_only_where_the_sums_can_be_rebuilt() -> None:
+    s = make_strategy()
+    replies = good_replies(s)
+    assert s.defers_finiteness(replies)
+    assert not s.defers_finiteness(iter(replies))  # a stream is never held: check each reply
+    clipped = InclusiveFL(catalog=toy_catalog(DEPTHS), beta=0.2, clip_update_norm={"strong": 1.0})
+    assert not clipped.defers_finiteness(replies)
+
+    class OwnSums(InclusiveFL):  # folds into sums of its own, which a failed check could not rebuild
+        def fold_reply(self, sent, tensors, num_examples, means):  # type: ignore[no-untyped-def]
+            super().fold_reply(sent, tensors, num_examples, means)
+
+    assert not OwnSums(catalog=toy_catalog(DEPTHS), beta=0.2).defers_finiteness(replies)
+
+
+def test_finite_replies_whose_sum_overflows_discard_the_round() -> None:
+    s = make_strategy()
+    before = {v: {k: t.clone() for k, t in p.items()} for v, p in s.state.items()}
+    huge = {k: np.full(v.shape, 3e38, np.float32) for k, v in s.state["strong"].items()}
+    replies = [reply(sent(s, node, "strong"), huge) for node in (31, 32)]
+    s.aggregate_train(1, replies)
+    assert s.report(1).rejected == ["the weighted sums overflow float32 (every reply finite); the round is discarded"]
+    for v, p in before.items():
+        for k, t in p.items():
+            assert torch.equal(t, s.state[v][k]), (v, k)
