@@ -699,7 +699,7 @@ class HeterogeneousStrategy(Strategy):
             if scalars:
                 client_metrics.setdefault(variant, StreamingMean()).add(scalars, n)
         del accepted
-        mean_params = {k: m.mean() for k, m in means.items()}
+        mean_params = {k: m.take_mean() for k, m in means.items()}  # the round's own tensors
         self.apply_round(server_round, mean_params, counts)
         self._compose_state()
         out = MetricRecord()
@@ -830,7 +830,9 @@ class HeterogeneousStrategy(Strategy):
         """Method math: update ``self.state`` from per-variant mean client weights.
 
         ``means[v]`` is the example-weighted mean of the weights returned by the
-        ``counts[v]`` clients of variant ``v``; variants without replies are absent.
+        ``counts[v]`` clients of variant ``v``; variants without replies are absent.  The
+        mean tensors belong to this call (fresh, aliasing neither a reply nor the state): a
+        method may reuse them in place.
         """
         raise NotImplementedError
 

@@ -599,7 +599,8 @@ class CoDistillation(HeterogeneousStrategy):
         for pool in self.pools:
             report.group(pool)["distill-seconds"] = 0.0
         start = {p: dict(self.state[p]) for p in self.pools}
-        g = {p: {k: t - start[p][k] for k, t in m.items()} for p, m in means.items() if counts.get(p, 0) > 0}
+        # the updates, in place: the means are this round's own tensors
+        g = {p: {k: t.sub_(start[p][k]) for k, t in m.items()} for p, m in means.items() if counts.get(p, 0) > 0}
         if self.mode == "merged":
             students = self.codistill(server_round, start, [p for p in self.pools if p in g])
             with torch.no_grad():

@@ -227,8 +227,8 @@ class InclusiveFL(HeterogeneousStrategy):
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
     ) -> None:
-        """Turn mean client weights into updates and run :func:`inclusivefl_round`."""
-        deltas = {v: {k: t - self.state[v][k] for k, t in m.items()} for v, m in means.items()}
+        """Turn mean client weights into updates (in place: the means are the round's); :func:`inclusivefl_round`."""
+        deltas = {v: {k: t.sub_(self.state[v][k]) for k, t in m.items()} for v, m in means.items()}
         with torch.no_grad():
             self.state, self.momenta = inclusivefl_round(
                 states=self.state,

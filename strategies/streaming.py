@@ -37,8 +37,20 @@ class StreamingMean:
         self.count += 1
 
     def mean(self) -> dict[str, Tensor]:
-        """``S_k / W_k`` for every key seen."""
+        """``S_k / W_k`` for every key seen (new tensors; the sums stay)."""
         return {k: s / self.weights[k] for k, s in self.sums.items()}
+
+    def take_mean(self) -> dict[str, Tensor]:
+        """``S_k / W_k`` for every key seen, divided in place: the sums become the means.
+
+        No new memory for floating-point sums (a fresh full-size result costs its page faults
+        on top of the pass); the accumulator is left empty.
+        """
+        out = {
+            k: s.div_(self.weights[k]) if s.is_floating_point() else s / self.weights[k] for k, s in self.sums.items()
+        }
+        self.sums, self.weights, self.count = {}, {}, 0
+        return out
 
     @property
     def total_weight(self) -> float:

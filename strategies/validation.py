@@ -1,8 +1,10 @@
 """Validation of client replies against the layout the server sent.
 
-Every reply is checked completely *before* it touches an aggregate; a failed check
-raises :class:`ReplyRejected` with the reason, the strategy logs it and drops the
-reply, so a malformed or malicious reply can never corrupt the global model.
+Every reply is checked completely *before* it touches an aggregate (finiteness aside, where
+the caller checks its round-local sums instead and goes back to the replies when one is not
+finite: ``check_finite``); a failed check raises :class:`ReplyRejected` with the reason, the
+strategy logs it and drops the reply, so a malformed or malicious reply can never corrupt the
+global model.
 """
 
 from __future__ import annotations

@@ -40,6 +40,20 @@ def test_streaming_mean_is_order_invariant(items: list[tuple[np.ndarray, int]], 
     torch.testing.assert_close(a.mean()["x"], b.mean()["x"], atol=1e-5, rtol=1e-5)
 
 
+@FAST
+@given(st.lists(st.tuples(arrays(np.float32, (3,), elements=finite), weights), min_size=1, max_size=6))
+def test_take_mean_divides_the_sums_in_place(items: list[tuple[np.ndarray, int]]) -> None:
+    acc = StreamingMean()
+    for x, w in items:
+        acc.add({"x": torch.from_numpy(x), "n": torch.tensor([w])}, w)
+    expected, storage = acc.mean(), acc.sums["x"].data_ptr()
+    taken = acc.take_mean()
+    assert torch.equal(taken["x"], expected["x"]) and torch.equal(taken["n"], expected["n"])
+    assert taken["x"].data_ptr() == storage, "a float sum is divided in place"
+    assert taken["n"].is_floating_point(), "an integer sum is divided into a new float tensor"
+    assert acc.sums == {} and acc.count == 0
+
+
 def _client_arrays(state: dict[str, torch.Tensor], shift: np.ndarray) -> dict[str, np.ndarray]:
     return {k: (v.numpy() + shift).astype(np.float32) for k, v in state.items()}
 
