@@ -68,7 +68,6 @@ from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
 from strategies.validation import (
     ReplyRejected,
-    all_finite,
     non_finite_reason,
     validate_evaluate_reply,
     validate_examples_claim,
@@ -280,11 +279,6 @@ class _Accepted:
     num_examples: int
     metrics: MetricRecord
     nbytes: int
-
-
-def _sums_finite(means: Mapping[str, StreamingMean]) -> bool:
-    """Whether every per-variant sum is free of NaN and Inf."""
-    return all(all_finite(t) for m in means.values() for t in m.sums.values())
 
 
 class HeterogeneousStrategy(Strategy):
@@ -668,7 +662,7 @@ class HeterogeneousStrategy(Strategy):
         defer = self.defers_finiteness(replies)
         entries = self._accepted_replies(server_round, replies, report, check_finite=not defer)
         accepted, means = self._fold_accepted(entries, report, keep_tensors=defer)
-        finite = _sums_finite(means)
+        finite = self.folds_finite(means)
         if defer and not finite:
             kept = []
             for entry in accepted:
@@ -678,10 +672,12 @@ class HeterogeneousStrategy(Strategy):
                 else:
                     self._reject(report, f"node {entry.sent.node_id} ({entry.sent.variant}): {reason}")
             del means
+            self.reset_folds()
             accepted, means = self._fold_accepted(kept, report, keep_tensors=False)
-            finite = _sums_finite(means)
+            finite = self.folds_finite(means)
         if not finite:
             self._reject(report, "the weighted sums overflow float32 (every reply finite); the round is discarded")
+            self.reset_folds()
             accepted, means = [], {}
         counts = {v.name: 0 for v in self.catalog}
         client_metrics: dict[str, StreamingMean] = {}
@@ -716,16 +712,31 @@ class HeterogeneousStrategy(Strategy):
 
         Only when the replies are already held (a ``Sequence``: Flower's ``send_and_receive``
         returns a list), so a failed check can go back to them -- a lazy iterable is checked
-        reply by reply and never held -- and only when every reply lands in the local
-        per-variant sums that are rebuilt after a failure: the base :meth:`fold_reply`, no
-        clipping (a clipped reply's norm needs finite values), no median.
+        reply by reply and never held -- and only when the sums can be dropped and rebuilt
+        after a failure (:meth:`folds_rebuildable`), without clipping (a clipped reply's norm
+        needs finite values) or the median.
         """
         return (
             isinstance(replies, Sequence)
-            and type(self).fold_reply is HeterogeneousStrategy.fold_reply
+            and self.folds_rebuildable()
             and not self.clip_bounds
             and self.robust_aggregation == "mean"
         )
+
+    def folds_rebuildable(self) -> bool:
+        """Whether :meth:`fold_reply` writes only sums that :meth:`reset_folds` drops.
+
+        True for the base fold (the round-local ``means``); a subclass that folds into sums of
+        its own overrides this, :meth:`folds_finite` and :meth:`reset_folds` together.
+        """
+        return type(self).fold_reply is HeterogeneousStrategy.fold_reply
+
+    def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
+        """Whether the round's sums so far hold no NaN or Inf."""
+        return all(m.is_finite() for m in means.values())
+
+    def reset_folds(self) -> None:
+        """Drop whatever :meth:`fold_reply` folded this round outside ``means`` (nothing here)."""
 
     def _reject(self, report: RoundReport, reason: str) -> None:
         log(WARNING, "rejected train reply: %s", reason)

@@ -527,6 +527,18 @@ class FlexiFed(PerNodeModels):
         """Whether personal layers stay per client (``basic``, ``standalone``)."""
         return self.mode in LOCAL_MODES
 
+    def folds_rebuildable(self) -> bool:
+        """The architecture sums are the round's own, unless replies are also kept as node models."""
+        return not self.keeps_client_models
+
+    def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
+        """Whether the architecture sums hold no NaN or Inf."""
+        return all(m.is_finite() for m in self._acc.sums.values())
+
+    def reset_folds(self) -> None:
+        """Drop the round's architecture sums."""
+        self._acc = FlexiFedAccumulator(uniform=self.uniform)
+
     def fold_reply(
         self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
     ) -> None:

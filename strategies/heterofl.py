@@ -51,6 +51,7 @@ from models.catalog import Variant, VariantCatalog
 from strategies.base import HeterogeneousStrategy, Sent
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.streaming import StreamingMean
+from strategies.validation import all_finite
 
 Params = dict[str, Tensor]
 Groups = tuple[str | None, ...]
@@ -312,6 +313,10 @@ class CoverageMean:
         ] = {}
         self.count = 0
 
+    def is_finite(self) -> bool:
+        """Whether no sum holds a NaN or Inf."""
+        return all(all_finite(t) for t in self.sums.values())
+
     def add(self, sub_params: Mapping[str, Tensor], index_sets: IndexSets, weight: float) -> None:
         """Fold one reply into the sums: ``S[I] += w x``; its weight joins its pattern's total.
 
@@ -544,6 +549,18 @@ class HeteroFL(HeterogeneousStrategy):
     ) -> None:
         """Scatter the reply into the coverage sums."""
         self._scatter(sent.variant, tensors, float(num_examples) if self.weighting == "examples" else 1.0)
+
+    def folds_rebuildable(self) -> bool:
+        """The coverage sums are the round's own: dropped by :meth:`reset_folds`."""
+        return True
+
+    def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
+        """Whether the coverage sums hold no NaN or Inf."""
+        return self._coverage is None or self._coverage.is_finite()
+
+    def reset_folds(self) -> None:
+        """Drop the round's coverage sums."""
+        self._coverage = None
 
     def fold_group(
         self,

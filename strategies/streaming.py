@@ -12,6 +12,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from strategies.validation import all_finite
+
 
 class StreamingMean:
     """Per-key running weighted sum."""
@@ -51,6 +53,10 @@ class StreamingMean:
         }
         self.sums, self.weights, self.count = {}, {}, 0
         return out
+
+    def is_finite(self) -> bool:
+        """Whether no sum holds a NaN or Inf (a reply that did, or a sum that overflowed)."""
+        return all(all_finite(s) for s in self.sums.values())
 
     @property
     def total_weight(self) -> float:
