@@ -784,8 +784,9 @@ class HeterogeneousStrategy(Strategy):
     ) -> tuple[list[_Accepted], dict[str, StreamingMean]]:
         """Clip, then fold (or buffer for the median) every accepted reply.
 
-        Returns the entries (without their tensors unless ``keep_tensors``: then a lazy
-        stream of replies is folded and released one at a time) and the per-variant sums.
+        Returns the entries and the per-variant sums.  The entries keep their tensors only
+        with ``keep_tensors``; otherwise each reply's tensors are dropped once folded, so a
+        lazy stream of replies is folded and released one reply at a time.
         """
         means: dict[str, StreamingMean] = {}
         buffers: dict[str, MedianBuffer] = {}

@@ -533,7 +533,7 @@ class FlexiFed(PerNodeModels):
 
     def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
         """Whether the architecture sums hold no NaN or Inf."""
-        return all(m.is_finite() for m in self._acc.sums.values())
+        return super().folds_finite(self._acc.sums)
 
     def reset_folds(self) -> None:
         """Drop the round's architecture sums."""

@@ -51,7 +51,7 @@ from models.catalog import Variant, VariantCatalog
 from strategies.base import HeterogeneousStrategy, Sent
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.streaming import StreamingMean
-from strategies.validation import all_finite
+from strategies.validation import non_finite_reason
 
 Params = dict[str, Tensor]
 Groups = tuple[str | None, ...]
@@ -315,7 +315,7 @@ class CoverageMean:
 
     def is_finite(self) -> bool:
         """Whether no sum holds a NaN or Inf."""
-        return all(all_finite(t) for t in self.sums.values())
+        return non_finite_reason(self.sums) is None
 
     def add(self, sub_params: Mapping[str, Tensor], index_sets: IndexSets, weight: float) -> None:
         """Fold one reply into the sums: ``S[I] += w x``; its weight joins its pattern's total.

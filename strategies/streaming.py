@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from strategies.validation import all_finite
+from strategies.validation import non_finite_reason
 
 
 class StreamingMean:
@@ -56,7 +56,7 @@ class StreamingMean:
 
     def is_finite(self) -> bool:
         """Whether no sum holds a NaN or Inf (a reply that did, or a sum that overflowed)."""
-        return all(all_finite(s) for s in self.sums.values())
+        return non_finite_reason(self.sums) is None
 
     @property
     def total_weight(self) -> float:
