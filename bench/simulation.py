@@ -20,11 +20,11 @@
     server process (``flwr-simulation``: ServerApp + Ray driver), sampled every 0.2 s.  Round 1
     includes the handshake, which queries every node once; round 2 is the steady state.
 
-Every simulation runs under ``flock /tmp/hetfl-sim.lock`` (one simulation at a time on this
-shared machine), which this script takes itself: do not wrap it in ``flock`` on the same file
-(the inner ``flock`` would wait for the outer one forever).  Run ``python -m bench.simulation
---help``; ``--smoke`` runs only the bare loop part on 2 clients (no Ray), which is what the test
-suite covers.
+Every simulation runs under the machine's simulation lock (:data:`deploy.locks.SIMULATION_LOCK`,
+``/tmp/hetfl-sim.lock``: one simulation at a time), which this script takes itself: do not wrap
+it in ``flock`` on the same file (the inner ``flock`` would wait for the outer one forever).
+Run ``python -m bench.simulation --help``; ``--smoke`` runs only the bare loop part on 2 clients
+(no Ray), which is what the test suite covers.
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.common import write_report
-from deploy.experiments import file_lock
+from deploy.locks import SIMULATION_LOCK, file_lock
 
-LOCK = Path("/tmp/hetfl-sim.lock")
 #: Tiny model, a real amount of local training, no federated evaluation, small server test set.
 BASE = (
     "model='tiny' method='all-large' server-test-size=100 eval-batch-size=32 client-test-fraction=0.2 "
@@ -146,19 +145,13 @@ class ProcessSampler:
         self._thread.join()
 
 
-def simulate(
-    clients: int, run_config: str, name: str, *, cpus_per_client: float, timeout: float, lock: bool = True
-) -> dict[str, Any]:
-    """One ``flwr run`` simulation under the lock; its rounds and the server process's peak RSS.
-
-    ``lock=False`` when the caller already holds the lock (a second ``flock`` on a new file
-    description of the same process would wait for itself).
-    """
+def simulate(clients: int, run_config: str, name: str, *, cpus_per_client: float, timeout: float) -> dict[str, Any]:
+    """One ``flwr run`` simulation under the simulation lock; its rounds and the server process's peak RSS."""
     from deploy.launch import run_simulation
     from tests.flower_runs import read_rounds
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))
-    with file_lock(LOCK if lock else None):
+    with file_lock(SIMULATION_LOCK):
         start = time.time()
         with ProcessSampler(tmp / name / "rounds.jsonl") as sampler:
             outcome = run_simulation(
@@ -254,9 +247,9 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
     )
     # both halves in one lock window, back to back, so no other simulation loads the machine
     # during either (the bare loop needs no lock itself)
-    with file_lock(LOCK):
+    with file_lock(SIMULATION_LOCK):
         load = [os.getloadavg()[0]]
-        sim = simulate(a.clients, rc, "overhead", cpus_per_client=2.0, timeout=a.timeout, lock=False)
+        sim = simulate(a.clients, rc, "overhead", cpus_per_client=2.0, timeout=a.timeout)
         load.append(os.getloadavg()[0])
         bare = bare_loop(a.clients, rc, a.rounds)
         load.append(os.getloadavg()[0])

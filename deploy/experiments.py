@@ -28,9 +28,7 @@ tested on fixed fake results.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import fcntl
 import io
 import json
 import math
@@ -40,12 +38,13 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deploy.launch import ROOT, merge_overrides, parse_pairs, run_config_pairs, run_simulation
+from deploy.locks import file_lock
 
 SUITES_DIR = ROOT / "deploy" / "suites"
 #: ``seed`` of a suite's first seed; seed ``i`` (0-based) runs with ``BASE_SEED + i``.
@@ -639,20 +638,6 @@ def write_report(
 
 
 # --------------------------------------------------------------------------------- running
-@contextlib.contextmanager
-def file_lock(path: Path | None) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (as ``flock(1)`` does); nothing when ``path`` is None."""
-    if path is None:
-        yield
-        return
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def format_round(row: Mapping[str, Any], metric: str, rounds: int | None) -> str:
     """One progress line for a ``rounds.jsonl`` row: round, its seconds and the metric per tier."""
     vals = ", ".join(f"{t} {v[metric]:.3f}" for t, v in row.get("tiers", {}).items() if v.get(metric) is not None)
@@ -765,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out", type=Path, default=None, help="output folder (default results/experiments/SUITE-PRESET)"
     )
     parser.add_argument("--only", action="append", default=[], help="run only this label (repeatable)")
-    parser.add_argument("--lock", type=Path, default=None, help="hold flock(FILE) during each run (shared ports)")
+    parser.add_argument("--lock", type=Path, default=None, help="extra flock(FILE) per run")
     parser.add_argument("--echo", action="store_true", help="show Flower's own output of each run")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the plan (and what is done) without running")

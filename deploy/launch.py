@@ -45,6 +45,7 @@ from pathlib import Path
 
 from client.warm import enabled as warm_enabled
 from client.warm import shim_dir
+from deploy.locks import SIMULATION_LOCK, file_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -177,31 +178,37 @@ def run_simulation(
     cpus_per_client: float = 1.0,
     timeout: float = 3600.0,
     echo: bool = True,
+    lock: Path | None = SIMULATION_LOCK,
 ) -> RunOutcome:
-    """``flwr run . --stream`` in Ray simulation; stop the SuperLink it auto-started."""
-    home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    env = flower_env(home)
-    before = _superlink_pids()
-    cmd = [
-        str(BIN / "flwr"), "run", str(ROOT), "--stream",
-        "--federation-config", f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client:g}",
-        "--run-config", _run_config_arg(run_config, results_dir, run_name),
-    ]  # fmt: skip
-    lines: list[str] = []
-    try:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        start = time.time()
-        for line in proc.stdout:
-            lines.append(line)
-            if echo:
-                sys.stdout.write(line)
-            if time.time() - start > timeout:
-                proc.kill()
-                break
-        code = proc.wait()
-    finally:
-        _stop(_superlink_pids() - before)
+    """``flwr run . --stream`` in Ray simulation; stop the SuperLink it auto-started.
+
+    The whole run holds ``lock`` (:mod:`deploy.locks`): the local simulation SuperLink uses
+    fixed ports, so a second simulation on the machine waits for this one to finish.
+    """
+    with file_lock(lock, what=f"flwr run {run_name}"):
+        home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
+        env = flower_env(home)
+        before = _superlink_pids()
+        cmd = [
+            str(BIN / "flwr"), "run", str(ROOT), "--stream",
+            "--federation-config", f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client:g}",
+            "--run-config", _run_config_arg(run_config, results_dir, run_name),
+        ]  # fmt: skip
+        lines: list[str] = []
+        try:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert proc.stdout is not None
+            start = time.time()
+            for line in proc.stdout:
+                lines.append(line)
+                if echo:
+                    sys.stdout.write(line)
+                if time.time() - start > timeout:
+                    proc.kill()
+                    break
+            code = proc.wait()
+        finally:
+            _stop(_superlink_pids() - before)
     return RunOutcome(code, results_dir / run_name, "".join(lines))
 
 

@@ -1,6 +1,7 @@
 """Kill the ServerApp after a round of a real simulation, resume, compare with an uninterrupted run.
 
-Run under the simulation lock (fixed ports): ``flock /tmp/hetfl-sim.lock .venv/bin/pytest tests/test_resume.py``.
+Each simulation holds the machine's simulation lock (:mod:`deploy.locks`; the local SuperLink's
+ports are fixed), so it waits for any other simulation on the machine instead of breaking it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from deploy.launch import BIN, ROOT, _run_config_arg, _stop, _superlink_pids, flower_env, run_simulation
+from deploy.locks import SIMULATION_LOCK, file_lock
 from server.checkpoint import list_checkpoints, read_checkpoint
 from tests.flower_runs import TINY, read_rounds, tiny_budgets
 
@@ -65,6 +67,11 @@ def run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round:
 
     Everything the run started (the CLI, the SuperLink, Ray) is torn down by process id afterwards.
     """
+    with file_lock(SIMULATION_LOCK, what=f"test_resume {name}"):
+        return _run_and_kill_server(tmp_path, name, run_config, after_round)
+
+
+def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round: int) -> Path:
     env = flower_env(tmp_path / "flwr-home-killed")
     before = _superlink_pids()
     cmd = [
