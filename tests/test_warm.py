@@ -17,11 +17,15 @@ import pytest
 
 from client.warm import (
     PROJECT_PACKAGES,
+    PULL_BACKOFF_ENV,
+    PULL_BACKOFF_S,
     ChildSpec,
     WarmExecutor,
     enabled,
     forget_project_modules,
     preload_modules,
+    pull_backoff,
+    quick_pull_retries,
     serves_clientapps,
     shim_dir,
 )
@@ -133,3 +137,58 @@ def test_executor_reports_ready_only_after_the_preload_and_stops_the_zygote(monk
     executor.close()
     assert zygote.wait(timeout=10) == 0  # EOF on its pipe ends it
     assert not executor._zygote_ready()
+
+
+def test_pull_backoff_default_env_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PULL_BACKOFF_ENV, raising=False)
+    assert pull_backoff() == PULL_BACKOFF_S
+    monkeypatch.setenv(PULL_BACKOFF_ENV, "1,10")
+    assert pull_backoff() == (1.0, 10.0)
+    for bad in ("0.1", "a,b", "0,1", "2,1"):
+        monkeypatch.setenv(PULL_BACKOFF_ENV, bad)
+        with pytest.raises(ValueError, match=PULL_BACKOFF_ENV):
+            pull_backoff()
+
+
+def test_message_pulls_retry_with_the_short_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower's own ``pull_and_inflate_object_from_tree`` (what ``run_clientapp`` calls) gets the backoff.
+
+    Every object of a real message content (a ``RecordDict`` with an array) is "not there yet"
+    for its first two pulls, as when the SuperNode is still receiving it; it still inflates
+    intact, through the wrapper.
+    """
+    import torch
+    from flwr.app import ArrayRecord, RecordDict
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+
+    seen: list[dict[str, object]] = []
+    real = inflatable_utils.pull_objects
+
+    def spy(object_ids: list[str], pull_object_fn: object, **kwargs: object) -> dict[str, bytes]:
+        seen.append(kwargs)
+        return real(object_ids, pull_object_fn, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(inflatable_utils, "pull_objects", spy)
+    quick_pull_retries(0.001, 0.004)
+    quick_pull_retries(0.001, 0.004)  # idempotent: one wrapper, not two
+
+    content = RecordDict({"arrays": ArrayRecord({"w": torch.arange(6.0).reshape(2, 3)})})
+    objects = get_all_nested_objects(content)
+    tries: dict[str, int] = {}
+
+    def pull_object(object_id: str) -> bytes:
+        tries[object_id] = tries.get(object_id, 0) + 1
+        if tries[object_id] <= 2:
+            raise inflatable_utils.ObjectUnavailableError(object_id)
+        return objects[object_id].deflate()
+
+    got = inflatable_utils.pull_and_inflate_object_from_tree(
+        get_object_tree(content), pull_object, lambda _: None, return_type=RecordDict
+    )
+    assert len(seen) == 1, "the wrapper did not go through the (spied) original exactly once"
+    assert seen[0]["initial_backoff"] == 0.001 and seen[0]["backoff_cap"] == 0.004
+    assert seen[0]["max_tries_per_object"] is None
+    assert set(tries) == set(objects) and all(n == 3 for n in tries.values())
+    w = got["arrays"]["w"].numpy()  # type: ignore[union-attr]
+    assert w.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
