@@ -187,13 +187,13 @@ def bare_loop(clients: int, run_config: str, rounds: int) -> list[dict[str, floa
 
     Per round: ``build`` (variant rebuilt and loaded with the round's weights, as the ClientApp
     does) and ``train`` (``train_classifier`` on the client's own loader, the run's settings);
-    the loaders come from the client's own (cached) ``local_loaders``.  Weights are the plain
+    the loaders come from the client's own (cached) ``train_loader``.  Weights are the plain
     mean of the returned models, so later rounds start from trained weights as in the run.
     """
     import torch
 
-    from client.app import local_loaders
     from client.app import run_config as client_run_config
+    from client.app import train_loader
     from models.training import train_classifier
 
     settings = dict(kv.split("=", 1) for kv in _split(run_config))
@@ -210,7 +210,7 @@ def bare_loop(clients: int, run_config: str, rounds: int) -> list[dict[str, floa
             ctx.node_config = {"partition-id": pid, "num-partitions": clients}
             torch.manual_seed(cfg.seed + 1000 * r + pid)
             t0 = time.perf_counter()
-            loader, _, _ = local_loaders(ctx, cfg)  # type: ignore[arg-type]
+            loader = train_loader(ctx, cfg)  # type: ignore[arg-type]
             model = family.build(variant)
             model.load_state_dict(state, strict=False)
             t1 = time.perf_counter()

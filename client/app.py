@@ -14,6 +14,7 @@ from logging import INFO, WARNING
 from pathlib import Path
 
 import torch
+from datasets import Dataset
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
@@ -63,25 +64,48 @@ def _partition_ids(context: Context) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=8)
-def _local_loaders(
-    spec: DataSpec, family: ModelFamily, pid: int, num: int, batch: int, eval_batch: int, domain: str
-) -> tuple[DataLoader, DataLoader, int]:
-    train, test = load_partition(spec, pid, num)
-    return (
-        family.loader(train, batch_size=batch, shuffle=True, seed=spec.seed + pid, domain=domain),
-        family.loader(test, batch_size=eval_batch, shuffle=False, domain=domain),
-        len(train),
-    )
+def _partition(spec: DataSpec, pid: int, num: int) -> tuple[Dataset, Dataset]:
+    return load_partition(spec, pid, num)
 
 
-def local_loaders(context: Context, cfg: RunConfig) -> tuple[DataLoader, DataLoader, int]:
-    """This node's train loader, test loader and number of training examples.
+@lru_cache(maxsize=16)
+def _loader(
+    spec: DataSpec, family: ModelFamily, pid: int, num: int, train: bool, batch: int, domain: str
+) -> DataLoader:
+    train_ds, test_ds = _partition(spec, pid, num)
+    if train:
+        return family.loader(train_ds, batch_size=batch, shuffle=True, seed=spec.seed + pid, domain=domain)
+    return family.loader(test_ds, batch_size=batch, shuffle=False, domain=domain)
 
-    With ``tier-domains`` set, the node's images are seen in its tier's input domain.
-    """
+
+def _where(context: Context, cfg: RunConfig) -> tuple[int, int, str]:
+    """This node's partition id, partition count and input domain (``tier-domains``; else ``plain``)."""
     pid, num = _partition_ids(context)
     domain = cfg.tier_domain(profile_of(context, cfg).tier) if cfg.tier_domains else "plain"
-    return _local_loaders(cfg.data_spec(), cfg.family(), pid, num, cfg.batch_size, cfg.eval_batch_size, domain)
+    return pid, num, domain
+
+
+def num_train_examples(context: Context, cfg: RunConfig) -> int:
+    """Size of this node's training split (no tokenizing or decoding)."""
+    pid, num = _partition_ids(context)
+    return len(_partition(cfg.data_spec(), pid, num)[0])
+
+
+def train_loader(context: Context, cfg: RunConfig) -> DataLoader:
+    """This node's shuffled training batches (built on first use; cached per process)."""
+    pid, num, domain = _where(context, cfg)
+    return _loader(cfg.data_spec(), cfg.family(), pid, num, True, cfg.batch_size, domain)
+
+
+def test_loader(context: Context, cfg: RunConfig) -> DataLoader:
+    """This node's test batches (built on first use; cached per process).
+
+    Each split is prepared only when a handler needs it: Flower runs every message in a new
+    ClientApp process in a deployment, so a ``query`` tokenizes nothing, a ``train`` only the
+    training split and a text model's ``evaluate`` only the test split.
+    """
+    pid, num, domain = _where(context, cfg)
+    return _loader(cfg.data_spec(), cfg.family(), pid, num, False, cfg.eval_batch_size, domain)
 
 
 def _model_for(msg: Message, cfg: RunConfig) -> tuple[nn.Module, Variant]:
@@ -141,7 +165,7 @@ def query(msg: Message, context: Context) -> Message:
             dict(zip(names, estimates, strict=True)), profile.memory_mb, cfg.runtime_overhead_mb
         )
     try:
-        _, _, n_train = local_loaders(context, cfg)
+        n_train = num_train_examples(context, cfg)
     except ValueError as exc:
         chosen, reason, n_train = None, f"no local data: {exc}", 0
     log(
@@ -203,10 +227,10 @@ def train(msg: Message, context: Context) -> Message:
             settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed, family=cfg.family(),
         )  # fmt: skip
     model, variant = _model_for(msg, cfg)
-    train_loader, _, n_train = local_loaders(context, cfg)
-    if train_loader.generator is not None:  # shuffling order: a function of the round too
-        train_loader.generator.manual_seed(seed)
-    loss = train_classifier(model, train_loader, cfg.train_settings())
+    loader, n_train = train_loader(context, cfg), num_train_examples(context, cfg)
+    if loader.generator is not None:  # shuffling order: a function of the round too
+        loader.generator.manual_seed(seed)
+    loss = train_classifier(model, loader, cfg.train_settings())
     upload = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     content = RecordDict(
         {
@@ -238,8 +262,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     started, startup = time.perf_counter(), process_age()
     cfg = run_config(context)
     model, _ = _model_for(msg, cfg)
-    train_loader, test_loader, _ = local_loaders(context, cfg)
-    loss, acc, n = evaluate_classifier(cfg.family().for_evaluation(model, train_loader), test_loader)
+    family = cfg.family()
+    stats = train_loader(context, cfg) if family.uses_statistics else None
+    loss, acc, n = evaluate_classifier(family.for_evaluation(model, stats), test_loader(context, cfg))
     if n == 0:
         raise ValueError("this node has no local test examples")
     content = RecordDict(

@@ -322,6 +322,11 @@ class CodistFamily:
         """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
         return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
 
+    @property
+    def uses_statistics(self) -> bool:
+        """No: the co-distillation CNNs have no normalization layers."""
+        return False
+
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """The model itself (no normalization layers)."""
         return model

@@ -68,6 +68,11 @@ class ModelFamily(Hashable, Protocol):
         """Batches of ``ds`` as keyword arguments of the model plus ``labels`` (inputs seen in ``domain``)."""
         ...
 
+    @property
+    def uses_statistics(self) -> bool:
+        """Whether :meth:`for_evaluation` needs training batches (data-dependent normalization)."""
+        ...
+
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """The model to evaluate (``stats``: training batches, where the family needs them)."""
         ...
@@ -101,6 +106,11 @@ class TransformerFamily:
             raise ValueError(f"text data has no input domain {domain!r} (domains are for images)")
         tok = load_tokenizer(self.spec.source)
         return text_loader(ds, tok, batch_size=batch_size, max_length=self.max_seq_len, shuffle=shuffle, seed=seed)
+
+    @property
+    def uses_statistics(self) -> bool:
+        """No: layer norm has no data statistics."""
+        return False
 
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """The model itself (layer norm has no data statistics)."""
@@ -185,6 +195,11 @@ class CNNFamily:
         """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
         return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
 
+    @property
+    def uses_statistics(self) -> bool:
+        """Yes: static batch norm (HeteroFL's sBN) re-estimates its statistics."""
+        return True
+
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """HeteroFL's sBN: norms re-estimated on up to ``stats_batches`` training batches."""
         return static_bn_evaluation(model, stats, self.stats_batches)
@@ -246,6 +261,11 @@ class ArchitectureFamily:
     ) -> DataLoader:
         """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
         return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
+
+    @property
+    def uses_statistics(self) -> bool:
+        """Yes: static batch norm, as :class:`CNNFamily`."""
+        return True
 
     def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
         """SBN copy (static batch norm, as :class:`CNNFamily`)."""

@@ -97,3 +97,37 @@ def test_depth_variants_as_flexifed_layers_give_inclusivefl_sharing() -> None:
     sharing = [sorted({a for a, _ in group}) if group else [] for group in plan["strong"]]
     everyone, deeper = ["medium", "strong", "weak"], ["medium", "strong"]
     assert sharing == [everyone, everyone, everyone, deeper, deeper, ["strong"], ["strong"], ["strong"]]
+
+
+@pytest.mark.parametrize(
+    ("settings", "family_type", "needs"),
+    [
+        ({"model": "tiny"}, "TransformerFamily", False),
+        (CNN, "CNNFamily", True),
+        (
+            {**CNN, "model": "vgg", "method": "flexifed-max", "tiers": "vgg11:vgg13", "tier-proportions": "1:1",
+             "tier-memory-mb": "auto", "arch-width": 0.125},
+            "ArchitectureFamily",
+            True,
+        ),
+        (
+            {**CNN, "model": "codist-cnn", "method": "codist-merged", "tiers": "small:large",
+             "tier-proportions": "1:1", "tier-memory-mb": "auto"},
+            "CodistFamily",
+            False,
+        ),
+    ],
+)  # fmt: skip
+def test_uses_statistics_says_whether_evaluation_needs_training_batches(
+    settings: dict[str, object], family_type: str, needs: bool
+) -> None:
+    """The ClientApp builds a node's training batches for ``evaluate`` only when this says so."""
+    cfg = RunConfig.from_flower(settings)
+    family = cfg.family()
+    assert type(family).__name__ == family_type and family.uses_statistics is needs
+    model = family.build(cfg.catalog.largest)
+    if needs:
+        with pytest.raises(ValueError, match="training batches"):
+            family.for_evaluation(model, None)
+    else:
+        assert family.for_evaluation(model, None) is model
