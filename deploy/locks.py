@@ -28,8 +28,8 @@ from pathlib import Path
 #: The machine-wide simulation lock (``$HETFL_SIM_LOCK`` overrides it).
 SIMULATION_LOCK = Path(os.environ.get("HETFL_SIM_LOCK") or Path(tempfile.gettempdir()) / "hetfl-sim.lock")
 
-# lock files this process holds: resolved path -> (owning thread id, depth)
-_held: dict[Path, tuple[int, int]] = {}
+# lock files this process holds: resolved path -> id of the thread holding it
+_held: dict[Path, int] = {}
 _held_guard = threading.Lock()
 
 
@@ -71,16 +71,9 @@ def file_lock(
     key = path.resolve()
     me = threading.get_ident()
     with _held_guard:
-        owner, depth = _held.get(key, (None, 0))
-        nested = owner == me
-        if nested:
-            _held[key] = (me, depth + 1)
-    if nested:
-        try:
-            yield
-        finally:
-            with _held_guard:
-                _held[key] = (me, _held[key][1] - 1)
+        nested = _held.get(key) == me
+    if nested:  # the outermost ``with`` of this thread releases it
+        yield
         return
     with path.open("a+") as f:
         try:
@@ -90,7 +83,7 @@ def file_lock(
                 on_wait(path)
             fcntl.flock(f, fcntl.LOCK_EX)
         with _held_guard:
-            _held[key] = (me, 1)
+            _held[key] = me
         try:
             f.truncate(0)
             f.write(f"pid {os.getpid()}" + (f": {what}" if what else "") + "\n")
