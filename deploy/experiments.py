@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m deploy.experiments SUITE [--preset cpu|paper] [--seeds N] [--out DIR]
+    python -m deploy.experiments SUITE [--preset cpu|paper] [--seeds N] [--first-seed S] [--out DIR]
                                        [--only LABEL ...] [--lock FILE] [--dry-run | --report-only]
     python -m deploy.experiments --list
 
@@ -47,7 +47,8 @@ from deploy.launch import ROOT, merge_overrides, parse_pairs, run_config_pairs, 
 from deploy.locks import file_lock
 
 SUITES_DIR = ROOT / "deploy" / "suites"
-#: ``seed`` of a suite's first seed; seed ``i`` (0-based) runs with ``BASE_SEED + i``.
+#: ``seed`` of a suite's first seed unless its preset says otherwise; seed ``i`` (0-based) runs
+#: with ``first_seed + i``.
 BASE_SEED = 42
 
 Scalar = str | int | float | bool
@@ -98,6 +99,9 @@ class Preset:
         Ray CPUs per virtual client.
     timeout_s : float
         Wall-clock limit of one run.
+    first_seed : int
+        Seed of the first of ``seeds`` (``first-seed``; e.g. tuning runs on seeds disjoint from
+        the ones a table reports).
 
     """
 
@@ -108,6 +112,7 @@ class Preset:
     notes: str = ""
     cpus_per_client: float = 1.0
     timeout_s: float = 3600.0
+    first_seed: int = BASE_SEED
 
 
 @dataclass(frozen=True)
@@ -207,12 +212,16 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         at = f"{where} presets.{pname}"
         if not isinstance(raw, dict) or not isinstance(raw.get("supernodes"), int) or raw["supernodes"] < 1:
             raise SuiteError(f"{at}: needs 'supernodes' (a positive integer)")
-        extra = sorted(set(raw) - {"supernodes", "seeds", "overrides", "notes", "cpus-per-client", "timeout-s"})
+        known = {"supernodes", "seeds", "first-seed", "overrides", "notes", "cpus-per-client", "timeout-s"}
+        extra = sorted(set(raw) - known)
         if extra:
             raise SuiteError(f"{at}: unknown keys {extra}")
         seeds = raw.get("seeds", 3)
         if not isinstance(seeds, int) or seeds < 1:
             raise SuiteError(f"{at}.seeds: expected a positive integer, got {seeds!r}")
+        first_seed = raw.get("first-seed", BASE_SEED)
+        if not isinstance(first_seed, int) or isinstance(first_seed, bool) or first_seed < 0:
+            raise SuiteError(f"{at}.first-seed: expected an integer >= 0, got {first_seed!r}")
         presets[pname] = Preset(
             name=pname,
             supernodes=raw["supernodes"],
@@ -221,6 +230,7 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
             notes=str(raw.get("notes", "")),
             cpus_per_client=float(raw.get("cpus-per-client", 1.0)),
             timeout_s=float(raw.get("timeout-s", 3600.0)),
+            first_seed=first_seed,
         )
     return Suite(
         name=name,
@@ -282,9 +292,12 @@ def run_config_for(run: SuiteRun, preset: Preset, seed: int) -> str:
     return merge_overrides(run_config_pairs(run_config_values(run, preset, seed)))
 
 
-def plan_runs(suite: Suite, preset: str, seeds: int, only: Sequence[str] = ()) -> list[PlannedRun]:
+def plan_runs(
+    suite: Suite, preset: str, seeds: int, only: Sequence[str] = (), first_seed: int | None = None
+) -> list[PlannedRun]:
     """Every (run, seed) of ``suite`` under ``preset``, seed-major (all labels of seed 1 first).
 
+    Seeds are ``first_seed, first_seed + 1, ...`` (default: the preset's ``first-seed``).
     Seed-major order makes a suite that is stopped early still give every label the same number
     of seeds.
     """
@@ -295,8 +308,9 @@ def plan_runs(suite: Suite, preset: str, seeds: int, only: Sequence[str] = ()) -
     if only and not runs:
         raise SuiteError(f"--only {list(only)} matches no run of {suite.name!r}: {[r.label for r in suite.runs]}")
     planned = []
+    start = p.first_seed if first_seed is None else first_seed
     for i in range(seeds):
-        seed = BASE_SEED + i
+        seed = start + i
         for run in runs:
             planned.append(
                 PlannedRun(
@@ -702,10 +716,11 @@ def run_suite(
     echo: bool = False,
     dry_run: bool = False,
     show_config: bool = True,
+    first_seed: int | None = None,
 ) -> tuple[list[RunResult], list[PlannedRun]]:
     """Launch every planned run that is not done yet; return the finished runs' results and the failures."""
     runs_dir = out / "runs"
-    planned = plan_runs(suite, preset, seeds, only)
+    planned = plan_runs(suite, preset, seeds, only, first_seed)
     done: list[RunResult] = []
     failed: list[PlannedRun] = []
     t_suite = time.time()
@@ -749,6 +764,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=None, help="output folder (default results/experiments/SUITE-PRESET)"
     )
+    parser.add_argument(
+        "--first-seed", type=int, default=None, help="seed of the first run of each row (default: the preset's, 42)"
+    )
     parser.add_argument("--only", action="append", default=[], help="run only this label (repeatable)")
     parser.add_argument("--lock", type=Path, default=None, help="extra flock(FILE) per run")
     parser.add_argument("--echo", action="store_true", help="show Flower's own output of each run")
@@ -770,7 +788,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m deploy.experiments " + shlex.join(argv if argv is not None else sys.argv[1:])
     results, failed = run_suite(
         suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
-        dry_run=args.dry_run or args.report_only, show_config=not args.report_only,
+        dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
     )  # fmt: skip
     if args.dry_run:
         return 0

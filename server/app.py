@@ -89,7 +89,7 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
             mode=CODIST_MODES[cfg.method],  # type: ignore[arg-type]
             alpha=cfg.codist_alpha,
             period=cfg.codist_period,
-            adam=cfg.fedadam(),
+            adam=cfg.fedadam_per_tier(),
             distill=DistillConfig(
                 steps=cfg.distill_steps,
                 temperature=cfg.distill_temperature,

@@ -8,6 +8,7 @@ unknown keys are rejected.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from functools import cached_property
@@ -131,6 +132,8 @@ class RunConfig(BaseModel):
     # InclusiveFL and the server optimizer (FedAdam)
     beta: float = Field(0.2, ge=0.0, le=1.0)
     server_lr: float = Field(1e-3, gt=0)
+    #: co-distillation: one FedAdam eta per pool ("" = server-lr for every pool)
+    tier_server_lr: str = ""
     server_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     server_beta2: float = Field(0.99, ge=0.0, lt=1.0)
     server_tau: float = Field(1e-5, gt=0)
@@ -330,6 +333,8 @@ class RunConfig(BaseModel):
             unknown = sorted(set(domains) - set(IMAGE_DOMAINS))
             if unknown:
                 raise ValueError(f"run config 'tier-domains': {unknown} are not image domains {IMAGE_DOMAINS}")
+        if self.tier_server_lr:
+            self._check_tier_server_lr(n)
         clip = split_list(self.clip_update_norm, "clip-update-norm")
         if len(clip) not in (1, n):
             raise ValueError(f"run config 'clip-update-norm' has {len(clip)} entries; give one or one per tier ({n})")
@@ -505,11 +510,37 @@ class RunConfig(BaseModel):
             bounds = bounds * len(self.tier_names)
         return dict(zip(self.tier_names, bounds, strict=True))
 
+    def _check_tier_server_lr(self, n: int) -> None:
+        key = "run config 'tier-server-lr'"
+        if self.method not in CODIST_MODES:
+            raise ValueError(
+                f"{key}: only co-distillation methods {tuple(CODIST_MODES)} keep one server optimizer per pool; "
+                f"method {self.method!r} takes 'server-lr'"
+            )
+        rates = split_list(self.tier_server_lr, "tier-server-lr")
+        if len(rates) != n:
+            raise ValueError(f"{key} has {len(rates)} entries but 'tiers' has {n}")
+        for r in rates:
+            try:
+                value = float(r)
+            except ValueError:
+                raise ValueError(f"{key}: {r!r} is not a number") from None
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{key}: learning rates must be finite and > 0, got {r!r}")
+
     def fedadam(self) -> FedAdamConfig:
         """Server optimizer settings."""
         return FedAdamConfig(
             eta=self.server_lr, beta_1=self.server_beta1, beta_2=self.server_beta2, tau=self.server_tau
         )
+
+    def fedadam_per_tier(self) -> dict[str, FedAdamConfig]:
+        """One server optimizer per tier (pool): ``tier-server-lr``'s eta, else ``server-lr``'s."""
+        base = self.fedadam()
+        if not self.tier_server_lr:
+            return dict.fromkeys(self.tier_names, base)
+        rates = [float(x) for x in split_list(self.tier_server_lr, "tier-server-lr")]
+        return {t: dataclasses.replace(base, eta=eta) for t, eta in zip(self.tier_names, rates, strict=True)}
 
     @property
     def width_rates(self) -> list[float]:

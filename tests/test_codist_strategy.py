@@ -118,6 +118,30 @@ def test_merged_with_alpha_one_is_plain_fedadam_per_pool() -> None:
     assert merged.adam["small"].step == 2
 
 
+def test_per_pool_server_lr_steps_each_pool_with_its_own_eta() -> None:
+    etas = {"small": 0.1, "large": 0.01}
+    s = make("fedavg", adam={p: dataclasses.replace(ADAM, eta=e) for p, e in etas.items()})
+    manual = copy_state(s.state)
+    adam = {p: FedAdamState() for p in manual}
+    for r in (1, 2):
+        run_round(s, r)
+        for pool, rows in CLIENTS.items():
+            cfg = dataclasses.replace(ADAM, eta=linear_decay(etas[pool], r, ROUNDS))
+            manual[pool] = fedadam_step(manual[pool], mean_update(manual[pool], rows, r), adam[pool], cfg)
+            assert s.report(r).groups[pool]["server-lr"] == pytest.approx(cfg.eta)
+        assert_states_equal(s.state, manual)
+    # the large pool's smaller eta moved it less than the shared eta would have
+    shared = make("fedavg")
+    start = copy_state(shared.state)
+    for r in (1, 2):
+        run_round(shared, r)
+    moved = {
+        name: sum(float((st["large"][k] - start["large"][k]).norm()) for k in start["large"])
+        for name, st in (("per-pool", s.state), ("shared", shared.state))
+    }
+    assert moved["per-pool"] < 0.5 * moved["shared"]
+
+
 def test_merged_applies_the_rescaled_distillation_gradient() -> None:
     s, twin = make("merged", alpha=0.25), make("merged", alpha=0.25)
     start = copy_state(s.state)

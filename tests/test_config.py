@@ -175,3 +175,33 @@ def test_codist_methods_and_model_go_together() -> None:
     assert [v.layout.num_params() for v in cfg.catalog] == [124_074, 492_874]  # 1x28x28 input, 10 classes
     strategy = build_strategy(cfg)
     assert isinstance(strategy, CoDistillation) and strategy.mode == "periodic"
+    assert {p: c.eta for p, c in strategy.adam_cfg.items()} == {"small": cfg.server_lr, "large": cfg.server_lr}
+
+
+def test_tier_server_lr_sets_each_pools_eta_and_fails_naming_the_key() -> None:
+    base = {
+        **pyproject_config(),
+        "num-labels": 10,
+        "dataset": "embedded:fashion_mnist",
+        "model": "codist-cnn",
+        "method": "codist-fedavg",
+        "tiers": "small:large",
+        "tier-proportions": "1:1",
+        "tier-memory-mb": "auto",
+        "server-lr": 0.05,
+    }
+    cfg = RunConfig.from_flower({**base, "tier-server-lr": "0.03:0.003"})
+    strategy = build_strategy(cfg)
+    assert isinstance(strategy, CoDistillation)
+    assert {p: c.eta for p, c in strategy.adam_cfg.items()} == {"small": 0.03, "large": 0.003}
+    assert {c.beta_2 for c in strategy.adam_cfg.values()} == {cfg.server_beta2}  # only eta differs
+    for value, match in (
+        ("0.03", "has 1 entries but 'tiers' has 2"),
+        ("0.03:0", "finite and > 0"),
+        ("0.03:nan", "finite and > 0"),
+        ("0.03:fast", "'fast' is not a number"),
+    ):
+        with pytest.raises(ConfigError, match=rf"'tier-server-lr'.*{match}"):
+            RunConfig.from_flower({**base, "tier-server-lr": value})
+    with pytest.raises(ConfigError, match=r"'tier-server-lr'.*only co-distillation.*'heterofl' takes 'server-lr'"):
+        RunConfig.from_flower({**pyproject_config(), "method": "heterofl", "tier-server-lr": "0.1:0.1:0.1"})

@@ -201,6 +201,14 @@ def test_plan_precedence_file_preset_run_seed(tmp_path: Path) -> None:
         ex.plan_runs(suite, "cpu", 1, only=["nope"])
 
 
+def test_first_seed_from_the_preset_or_the_caller(tmp_path: Path) -> None:
+    doc = {"presets": {"tune": {"supernodes": 2, "first-seed": 44}}, "runs": [{"label": "a"}]}
+    suite = ex.parse_suite("s", doc, base=tmp_path)
+    assert [(p.seed, p.run_name) for p in ex.plan_runs(suite, "tune", 2)] == [(44, "a-s44"), (45, "a-s45")]
+    assert [p.seed for p in ex.plan_runs(suite, "tune", 1, first_seed=7)] == [7]
+    assert "seed=44" in ex.plan_runs(suite, "tune", 1)[0].run_config
+
+
 @pytest.mark.parametrize(
     ("doc", "match"),
     [
@@ -211,6 +219,8 @@ def test_plan_precedence_file_preset_run_seed(tmp_path: Path) -> None:
         ({"presets": {"cpu": {"supernodes": 2}}, "runs": [{"label": "a", "overrides": {"k": [1]}}]}, "strings"),
         ({"presets": {"cpu": {"supernodes": 2}}, "runs": [{"label": "a", "seeds": 3}]}, "unknown keys"),
         ({"preset": {}, "runs": [{"label": "a"}]}, "unknown keys"),
+        ({"presets": {"cpu": {"supernodes": 2, "first-seed": -1}}, "runs": [{"label": "a"}]}, "first-seed"),
+        ({"presets": {"cpu": {"supernodes": 2, "first-seed": "44"}}, "runs": [{"label": "a"}]}, "first-seed"),
     ],
 )
 def test_parse_suite_rejects_malformed_suites(tmp_path: Path, doc: dict[str, object], match: str) -> None:
