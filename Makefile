@@ -8,7 +8,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup data demo test test-deploy certs lint typecheck unit loopback clean
+.PHONY: setup data demo test test-deploy test-gpu certs lint typecheck unit loopback clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ test: setup lint typecheck
 # real-deployment suite (namespaces, TLS, SuperNode kill, cgroup memory, ServerApp kill + resume); root for namespaces
 test-deploy: setup
 	$(BIN)/pytest -m deploy
+
+# the same work on a CUDA GPU as on the CPU (tests/test_gpu.py); needs a machine with one (CI has none)
+test-gpu: setup
+	$(BIN)/pytest -m gpu
 
 # TLS for a real deployment (docs/DEPLOYING.md): CA + SuperLink certificate for HOSTS, and a key
 # pair per device in NODES for SuperNode authentication

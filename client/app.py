@@ -109,7 +109,7 @@ def test_loader(context: Context, cfg: RunConfig) -> DataLoader:
 
 
 def _model_for(msg: Message, cfg: RunConfig) -> tuple[nn.Module, Variant]:
-    """Rebuild the variant named in the message and load the sent weights."""
+    """Rebuild the variant named in the message, load the sent weights, move it to ``device``."""
     variant = cfg.catalog.get(str(msg.content["config"]["variant"]))
     model = cfg.family().build(variant)
     state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
@@ -119,7 +119,7 @@ def _model_for(msg: Message, cfg: RunConfig) -> tuple[nn.Module, Variant]:
         raise ValueError(
             f"weights for {variant.name!r} do not match: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
-    return model, variant
+    return model.to(cfg.torch_device()), variant
 
 
 def node_key(context: Context) -> str:

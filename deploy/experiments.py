@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.launch import ROOT, merge_overrides, parse_pairs, run_config_pairs, run_simulation
+from deploy.launch import (
+    ROOT,
+    check_gpus_per_client,
+    merge_overrides,
+    parse_pairs,
+    run_config_pairs,
+    run_simulation,
+)
 from deploy.locks import file_lock
 
 SUITES_DIR = ROOT / "deploy" / "suites"
@@ -97,6 +104,9 @@ class Preset:
         What the preset reproduces and where its numbers come from.
     cpus_per_client : float
         Ray CPUs per virtual client.
+    gpus_per_client : float
+        Ray GPU share per virtual client (``gpus-per-client``; 0 = none; ``--gpus-per-client``
+        overrides, e.g. 0 to run a GPU preset on a machine without one).
     timeout_s : float
         Wall-clock limit of one run.
     first_seed : int
@@ -113,6 +123,7 @@ class Preset:
     cpus_per_client: float = 1.0
     timeout_s: float = 3600.0
     first_seed: int = BASE_SEED
+    gpus_per_client: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -212,7 +223,9 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         at = f"{where} presets.{pname}"
         if not isinstance(raw, dict) or not isinstance(raw.get("supernodes"), int) or raw["supernodes"] < 1:
             raise SuiteError(f"{at}: needs 'supernodes' (a positive integer)")
-        known = {"supernodes", "seeds", "first-seed", "overrides", "notes", "cpus-per-client", "timeout-s"}
+        known = {
+            "supernodes", "seeds", "first-seed", "overrides", "notes", "cpus-per-client", "gpus-per-client", "timeout-s"
+        }  # fmt: skip
         extra = sorted(set(raw) - known)
         if extra:
             raise SuiteError(f"{at}: unknown keys {extra}")
@@ -231,6 +244,7 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
             cpus_per_client=float(raw.get("cpus-per-client", 1.0)),
             timeout_s=float(raw.get("timeout-s", 3600.0)),
             first_seed=first_seed,
+            gpus_per_client=_non_negative(raw.get("gpus-per-client", 0.0), f"{at}.gpus-per-client"),
         )
     return Suite(
         name=name,
@@ -240,6 +254,12 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         runs=tuple(runs),
         presets=presets,
     )
+
+
+def _non_negative(value: object, at: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise SuiteError(f"{at}: expected a number >= 0, got {value!r}")
+    return float(value)
 
 
 def available_suites(folder: Path = SUITES_DIR) -> list[str]:
@@ -268,6 +288,7 @@ class PlannedRun:
     supernodes: int
     cpus_per_client: float
     timeout_s: float
+    gpus_per_client: float = 0.0
 
 
 def slug(text: str) -> str:
@@ -293,11 +314,17 @@ def run_config_for(run: SuiteRun, preset: Preset, seed: int) -> str:
 
 
 def plan_runs(
-    suite: Suite, preset: str, seeds: int, only: Sequence[str] = (), first_seed: int | None = None
+    suite: Suite,
+    preset: str,
+    seeds: int,
+    only: Sequence[str] = (),
+    first_seed: int | None = None,
+    gpus_per_client: float | None = None,
 ) -> list[PlannedRun]:
     """Every (run, seed) of ``suite`` under ``preset``, seed-major (all labels of seed 1 first).
 
-    Seeds are ``first_seed, first_seed + 1, ...`` (default: the preset's ``first-seed``).
+    Seeds are ``first_seed, first_seed + 1, ...`` (default: the preset's ``first-seed``);
+    ``gpus_per_client`` replaces the preset's GPU share.
     Seed-major order makes a suite that is stopped early still give every label the same number
     of seeds.
     """
@@ -321,6 +348,7 @@ def plan_runs(
                     supernodes=p.supernodes,
                     cpus_per_client=p.cpus_per_client,
                     timeout_s=p.timeout_s,
+                    gpus_per_client=p.gpus_per_client if gpus_per_client is None else gpus_per_client,
                 )
             )
     return planned
@@ -717,10 +745,11 @@ def run_suite(
     dry_run: bool = False,
     show_config: bool = True,
     first_seed: int | None = None,
+    gpus_per_client: float | None = None,
 ) -> tuple[list[RunResult], list[PlannedRun]]:
     """Launch every planned run that is not done yet; return the finished runs' results and the failures."""
     runs_dir = out / "runs"
-    planned = plan_runs(suite, preset, seeds, only, first_seed)
+    planned = plan_runs(suite, preset, seeds, only, first_seed, gpus_per_client)
     done: list[RunResult] = []
     failed: list[PlannedRun] = []
     t_suite = time.time()
@@ -741,7 +770,8 @@ def run_suite(
             ):
                 outcome = run_simulation(
                     supernodes=pr.supernodes, run_config=pr.run_config, results_dir=runs_dir.resolve(),
-                    run_name=pr.run_name, cpus_per_client=pr.cpus_per_client, timeout=pr.timeout_s, echo=echo,
+                    run_name=pr.run_name, cpus_per_client=pr.cpus_per_client, gpus_per_client=pr.gpus_per_client,
+                    timeout=pr.timeout_s, echo=echo,
                 )  # fmt: skip
             if not outcome.ok:
                 failed.append(pr)
@@ -767,6 +797,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--first-seed", type=int, default=None, help="seed of the first run of each row (default: the preset's, 42)"
     )
+    parser.add_argument(
+        "--gpus-per-client", type=float, default=None, help="Ray GPU share per client (default: the preset's)"
+    )
     parser.add_argument("--only", action="append", default=[], help="run only this label (repeatable)")
     parser.add_argument("--lock", type=Path, default=None, help="extra flock(FILE) per run")
     parser.add_argument("--echo", action="store_true", help="show Flower's own output of each run")
@@ -786,9 +819,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = args.seeds or suite.presets[args.preset].seeds
     out = (args.out or ROOT / "results" / "experiments" / f"{suite.name}-{args.preset}").resolve()
     command = "python -m deploy.experiments " + shlex.join(argv if argv is not None else sys.argv[1:])
+    if not (args.dry_run or args.report_only):
+        gpus = suite.presets[args.preset].gpus_per_client if args.gpus_per_client is None else args.gpus_per_client
+        try:
+            check_gpus_per_client(gpus)
+        except ValueError as exc:
+            parser.error(f"{exc} (--gpus-per-client 0 overrides the preset's {gpus:g})")
     results, failed = run_suite(
         suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
         dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
+        gpus_per_client=args.gpus_per_client,
     )  # fmt: skip
     if args.dry_run:
         return 0

@@ -168,6 +168,20 @@ def _stop(pids: Sequence[int] | set[int], grace: float = 10.0) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def check_gpus_per_client(gpus: float) -> None:
+    """Fail fast on a GPU share Ray cannot give: negative, or above 0 without a CUDA GPU."""
+    if not gpus >= 0:
+        raise ValueError(f"gpus per client must be >= 0, got {gpus}")
+    if gpus > 0:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{gpus:g} GPU per client asked for, but this machine has no CUDA GPU (Ray would never "
+                "start a ClientApp); run with 0 GPUs per client and device='cpu' or 'auto'"
+            )
+
+
 def run_simulation(
     *,
     supernodes: int,
@@ -176,22 +190,30 @@ def run_simulation(
     run_name: str,
     flwr_home: Path | None = None,
     cpus_per_client: float = 1.0,
+    gpus_per_client: float = 0.0,
     timeout: float = 3600.0,
     echo: bool = True,
     lock: Path | None = SIMULATION_LOCK,
 ) -> RunOutcome:
     """``flwr run . --stream`` in Ray simulation; stop the SuperLink it auto-started.
 
-    The whole run holds ``lock`` (:mod:`deploy.locks`): the local simulation SuperLink uses
-    fixed ports, so a second simulation on the machine waits for this one to finish.
+    ``gpus_per_client`` is Ray's GPU share per virtual client (e.g. 0.25: four ClientApps on
+    a GPU at a time; pair it with the run config's ``device``); more than 0 on a machine
+    without a CUDA GPU fails here, where Ray would wait forever.  The whole run holds ``lock``
+    (:mod:`deploy.locks`): the local simulation SuperLink uses fixed ports, so a second
+    simulation on the machine waits for this one to finish.
     """
+    check_gpus_per_client(gpus_per_client)
+    resources = f"client-resources-num-cpus={cpus_per_client:g}"
+    if gpus_per_client > 0:
+        resources += f" client-resources-num-gpus={gpus_per_client:g}"
     with file_lock(lock, what=f"flwr run {run_name}"):
         home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
         env = flower_env(home)
         before = _superlink_pids()
         cmd = [
             str(BIN / "flwr"), "run", str(ROOT), "--stream",
-            "--federation-config", f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client:g}",
+            "--federation-config", f"num-supernodes={supernodes} {resources}",
             "--run-config", _run_config_arg(run_config, results_dir, run_name),
         ]  # fmt: skip
         lines: list[str] = []
@@ -589,6 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "simulation":
             p.add_argument("--supernodes", type=int, default=6)
             p.add_argument("--cpus-per-client", type=float, default=1.0)
+            p.add_argument(
+                "--gpus-per-client", type=float, default=0.0, help="Ray GPU share per client (with device='cuda')"
+            )
         else:
             p.add_argument("--tiers", default="weak,medium,strong")
             p.add_argument("--tls-dir", type=Path, help="serve TLS with the CA/certificate here (made if missing)")
@@ -611,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode == "simulation":
         outcome = run_simulation(
             supernodes=args.supernodes, run_config=args.run_config, results_dir=results,
-            run_name=run_name, cpus_per_client=args.cpus_per_client,
+            run_name=run_name, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
         )  # fmt: skip
     else:
         if args.auth and args.tls_dir is None:

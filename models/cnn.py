@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
+from models.training import model_device
 
 Groups = tuple[str | None, ...]
 AxisGroups = dict[str, Groups]
@@ -496,7 +497,7 @@ def recompute_bn_statistics(
     eval_model.eval()
     for norm in norms:
         norm.train()
-    device = next((p.device for p in eval_model.parameters()), torch.device("cpu"))
+    device = model_device(eval_model)
     seen = 0
     with torch.no_grad():
         for batch in loader_or_batches:

@@ -3,13 +3,17 @@
 A batch is a mapping of the model's keyword inputs plus ``labels``; the model returns logits
 (a tensor, or a Hugging Face output with ``.logits``); the loss is the mean cross-entropy
 ``-(1/B) sum_i log softmax(z_i)[y_i]`` (what Hugging Face's sequence classifiers compute for
-integer labels and more than one class).
+integer labels and more than one class).  The loops run where the model's parameters are
+(:func:`model_device`): a caller moves the model to a GPU (:func:`resolve_device`) and every
+batch follows it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +56,50 @@ def use_threads(threads: int) -> int:
     return torch.get_num_threads()
 
 
+#: ``device`` values: ``cpu``, ``auto`` (the first CUDA GPU when there is one), ``cuda``, ``cuda:N``
+DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:\d+)?")
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device for a ``device`` setting (see :data:`DEVICE_PATTERN`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, or a CUDA device this machine does not have.
+
+    """
+    if not DEVICE_PATTERN.fullmatch(name):
+        raise ValueError(f"device must be 'cpu', 'auto', 'cuda' or 'cuda:N', got {name!r}")
+    if name == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if name == "auto":
+        return torch.device("cuda" if available else "cpu")
+    index = int(name.split(":")[1]) if ":" in name else 0
+    if index >= available:
+        raise ValueError(f"device {name!r} asked for, but this machine has {available} CUDA device(s)")
+    return torch.device(name)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s parameters are (CPU for a model without parameters)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+@overload
+def batch_to(batch: Tensor, device: torch.device) -> Tensor: ...
+@overload
+def batch_to(batch: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]: ...
+def batch_to(batch: Tensor | Mapping[str, Tensor], device: torch.device) -> Tensor | dict[str, Tensor]:
+    """A batch (a tensor, or a mapping of tensors) on ``device`` (no copy where it already is)."""
+    if isinstance(batch, Tensor):
+        return batch.to(device)
+    if isinstance(batch, Mapping) and all(isinstance(v, Tensor) for v in batch.values()):
+        return {k: v.to(device) for k, v in batch.items()}
+    raise TypeError(f"batches must be tensors or mappings of tensors, got {type(batch).__name__}")
+
+
 def make_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """AdamW or SGD (momentum 0.9) over the trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -87,10 +135,11 @@ def logits_and_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor,
 def train_classifier(model: nn.Module, loader: DataLoader, settings: TrainSettings) -> float:
     """Run local training; return the mean training loss."""
     model.train()
+    device = model_device(model)
     opt = make_optimizer(model, settings.optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     total, n = 0.0, 0
     for batch in _batches(loader, settings):
-        _, loss = logits_and_loss(model, batch)
+        _, loss = logits_and_loss(model, batch_to(batch, device))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -103,8 +152,10 @@ def train_classifier(model: nn.Module, loader: DataLoader, settings: TrainSettin
 def evaluate_classifier(model: nn.Module, loader: DataLoader) -> tuple[float, float, int]:
     """Return ``(mean loss, accuracy, examples)`` over ``loader``."""
     model.eval()
+    device = model_device(model)
     loss_sum, correct, count = 0.0, 0, 0
     for batch in loader:
+        batch = batch_to(batch, device)
         logits, loss = logits_and_loss(model, batch)
         n = int(batch["labels"].shape[0])
         loss_sum += float(loss) * n

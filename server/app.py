@@ -98,6 +98,7 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
                 batch_size=cfg.distill_batch_size,
             ),
             membership=cfg.codist_membership,
+            device=cfg.torch_device(),
             **common,  # type: ignore[arg-type]
         )
     if cfg.method in FLEXIFED_MODES:
@@ -241,6 +242,7 @@ class CentralEvaluator:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.family = cfg.family()
+        self.device = cfg.torch_device()
         spec = cfg.data_spec()
         test = server_test_set(spec)
         self.loaders: dict[str, DataLoader] = {
@@ -264,6 +266,7 @@ class CentralEvaluator:
         """
         model = self.family.build(self.cfg.catalog.get(variant))
         model.load_state_dict(dict(params), strict=False)
+        model.to(self.device)
         out: dict[str, float] = {}
         for domain, loader in self.loaders.items():
             loss, acc, _ = evaluate_classifier(self.family.for_evaluation(model, self.stats.get(domain)), loader)

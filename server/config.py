@@ -15,6 +15,7 @@ from functools import cached_property
 from itertools import pairwise
 from typing import Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from models import cnn
@@ -25,7 +26,7 @@ from models.codist import FAMILY as CODIST_MODEL
 from models.data import DataSpec
 from models.family import ArchitectureFamily, CNNFamily, ModelFamily, TransformerFamily, parse_widths
 from models.images import IMAGE_DOMAINS
-from models.training import TrainSettings
+from models.training import DEVICE_PATTERN, TrainSettings, resolve_device
 from models.transformer import TransformerSpec, depth_catalog, full_config, matched_width_rates, width_catalog
 from strategies.fedadam import FedAdamConfig
 
@@ -152,6 +153,9 @@ class RunConfig(BaseModel):
     batch_size: int = Field(16, ge=1)
     max_seq_len: int = Field(48, ge=8, le=512)
     eval_batch_size: int = Field(64, ge=1)
+    # where ClientApps train / evaluate and the ServerApp evaluates and distills:
+    # "cpu", "auto" (a CUDA GPU when there is one), "cuda" or "cuda:N"
+    device: str = "cpu"
     # torch intra-op threads per process (0 = torch's default: one per core)
     client_threads: int = Field(0, ge=0)
     server_threads: int = Field(0, ge=0)
@@ -208,6 +212,13 @@ class RunConfig(BaseModel):
         depths = [int(x) for x in split_list(v, "tier-layers")]
         if any(d < 1 for d in depths) or depths != sorted(set(depths)):
             raise ValueError(f"tier-layers must be strictly increasing positive integers, got {v!r}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not DEVICE_PATTERN.fullmatch(v):
+            raise ValueError(f"expected 'cpu', 'auto', 'cuda' or 'cuda:N', got {v!r}")
         return v
 
     @field_validator("tier_widths")
@@ -294,6 +305,11 @@ class RunConfig(BaseModel):
                 raise ValueError(
                     f"run config 'model': {self.method!r} prunes HeteroFL's 'conv' CNN (network slimming) or a "
                     f"transformer (magnitude pruning, e.g. 'minilm-l6' or 'tiny'); got {self.model!r}"
+                )
+            if self.device != "cpu":
+                raise ValueError(
+                    f"run config 'device': {self.method!r} trains, prunes and distills on the CPU only; "
+                    f"use 'cpu', got {self.device!r}"
                 )
             if len(self.tier_names) != 1:
                 raise ValueError(
@@ -527,6 +543,13 @@ class RunConfig(BaseModel):
                 raise ValueError(f"{key}: {r!r} is not a number") from None
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{key}: learning rates must be finite and > 0, got {r!r}")
+
+    def torch_device(self) -> torch.device:
+        """The torch device ``device`` names on this machine (fails naming the key if it lacks that GPU)."""
+        try:
+            return resolve_device(self.device)
+        except ValueError as exc:
+            raise ConfigError(f"run config 'device': {exc}") from None
 
     def fedadam(self) -> FedAdamConfig:
         """Server optimizer settings."""

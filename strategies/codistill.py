@@ -63,6 +63,7 @@ from flwr.common import log
 from torch import Tensor, nn
 
 from models.catalog import VariantCatalog
+from models.training import batch_to, model_device
 from strategies.base import HeterogeneousStrategy
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 
@@ -288,7 +289,7 @@ def distill(
     """
     if steps < 0:
         raise CodistConfigError(f"steps must be >= 0, got {steps}")
-    home = next((p.device for p in student.parameters()), torch.device("cpu"))
+    home = model_device(student)
     dev = torch.device(device) if device is not None else home
     work = copy.deepcopy(student).to(dev).train()
     if steps == 0:
@@ -307,7 +308,7 @@ def distill(
                 x = next(it)
             except StopIteration:
                 raise DistillationError(f"distillation batches ran out after {step} of {steps} steps") from None
-            x = _batch_to(x, dev)
+            x = batch_to(x, dev)
             with torch.no_grad():
                 target = distillation_target(
                     [model_logits(t, x) for t in teachers], model_logits(start, x), temperature, lam
@@ -335,14 +336,6 @@ def model_logits(model: nn.Module, x: Batch) -> Tensor:
     """
     out = model(**x) if isinstance(x, Mapping) else model(x)
     return out if isinstance(out, Tensor) else out.logits
-
-
-def _batch_to(x: Batch, dev: torch.device) -> Batch:
-    if isinstance(x, Tensor):
-        return x.to(dev)
-    if isinstance(x, Mapping) and all(isinstance(v, Tensor) for v in x.values()):
-        return {k: v.to(dev) for k, v in x.items()}
-    raise TypeError(f"distillation batches must be tensors or mappings of tensors, got {type(x).__name__}")
 
 
 def batch_size_of(x: Batch) -> int:
