@@ -247,8 +247,8 @@ def train(msg: Message, context: Context) -> Message:
             "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
         }
     )
-    log(INFO, "trained %s on %d examples, loss %.4f (process age at start %.2f s, handler %.2f s)",
-        variant.name, n_train, loss, startup, time.perf_counter() - started)  # fmt: skip
+    log(INFO, "trained %s on %d examples on %s, loss %.4f (process age at start %.2f s, handler %.2f s)",
+        variant.name, n_train, cfg.torch_device(), loss, startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)
 
 
@@ -273,6 +273,6 @@ def evaluate(msg: Message, context: Context) -> Message:
             "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
         }
     )
-    log(INFO, "evaluated on %d examples (process age at start %.2f s, handler %.2f s)",
-        n, startup, time.perf_counter() - started)  # fmt: skip
+    log(INFO, "evaluated on %d examples on %s (process age at start %.2f s, handler %.2f s)",
+        n, cfg.torch_device(), startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)

@@ -147,6 +147,17 @@ def test_tier_memory_child_reports_estimate_and_measurement() -> None:
     assert row["estimated_mb"] > 0 and row["measured_mb"] >= 0 and row["params"] > 0
 
 
+def test_device_bench_smoke_times_the_training_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.device import main as device_main
+
+    report = device_main(["--smoke"])
+    (row,) = report["rows"]
+    assert row["device"] == "cpu" and row["steps"] == 2 and row["seconds"] > 0 and row["speed_up"] == 1.0
+    assert "tiny" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="'cuda:7' asked for"):
+        device_main(["--cases", "tiny", "--devices", "cpu,cuda:7", "--steps", "1"])
+
+
 def test_simulation_bare_loop_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     from bench.simulation import main as sim_main
 
