@@ -634,7 +634,9 @@ def plot_convergence(results: Sequence[RunResult], path: Path, *, title: str, me
 
     tiers, labels = tier_order(results), label_order(results)
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    color = {label: palette[i % len(palette)] for i, label in enumerate(labels)}  # same color in every panel
+    # same style in every panel; past the palette's colors, the next lines are dashed
+    color = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+    style = {label: ("-", "--", ":")[(i // len(palette)) % 3] for i, label in enumerate(labels)}
     cols = min(len(tiers), 3) or 1
     rows = max(1, math.ceil(len(tiers) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False, sharey=True)
@@ -644,7 +646,7 @@ def plot_convergence(results: Sequence[RunResult], path: Path, *, title: str, me
             if not curves:
                 continue
             x, m, s = mean_curve(curves)
-            ax.plot(x, m, marker=".", color=color[label])
+            ax.plot(x, m, marker=".", color=color[label], linestyle=style[label])
             lo, hi = [a - b for a, b in zip(m, s, strict=True)], [a + b for a, b in zip(m, s, strict=True)]
             ax.fill_between(x, lo, hi, color=color[label], alpha=0.2)
         ax.set_title(tier)
@@ -654,13 +656,14 @@ def plot_convergence(results: Sequence[RunResult], path: Path, *, title: str, me
     for ax in axes.flat[len(tiers) :]:
         ax.set_visible(False)
     axes[0][0].set_ylabel(metric)
-    handles = [Line2D([], [], color=color[label], marker=".") for label in labels]
-    ncol = min(len(labels), 4) or 1
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize="small")
+    handles = [Line2D([], [], color=color[label], linestyle=style[label], marker=".") for label in labels]
+    widest = max((len(label) for label in labels), default=1)
+    ncol = max(1, min(len(labels), int(4.5 * cols * 14 // (widest + 6))))  # ~14 small characters per inch
     fig.suptitle(title)
-    legend_rows = math.ceil(len(labels) / ncol)
-    fig.tight_layout(rect=(0, min(0.5, (0.06 + 0.04 * legend_rows) / rows), 1, 1))
-    fig.savefig(path, dpi=100)
+    fig.tight_layout()
+    # below the panels; the saved image grows to hold it (bbox_inches="tight")
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize="small")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 
