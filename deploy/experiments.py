@@ -41,7 +41,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deploy.launch import (
     ROOT,
@@ -636,7 +636,8 @@ def plot_convergence(results: Sequence[RunResult], path: Path, *, title: str, me
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     # same style in every panel; past the palette's colors, the next lines are dashed
     color = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
-    style = {label: ("-", "--", ":")[(i // len(palette)) % 3] for i, label in enumerate(labels)}
+    styles: tuple[Literal["-", "--", ":"], ...] = ("-", "--", ":")
+    style = {label: styles[(i // len(palette)) % 3] for i, label in enumerate(labels)}
     cols = min(len(tiers), 3) or 1
     rows = max(1, math.ceil(len(tiers) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False, sharey=True)
