@@ -5,6 +5,7 @@ The same checks on a CUDA GPU are in ``tests/test_gpu.py`` (``make test-gpu``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import deploy.experiments as ex
+import deploy.launch as launch
 from deploy.launch import check_gpus_per_client
 from models.training import batch_to, resolve_device
 from server.config import ConfigError, RunConfig
@@ -57,6 +59,24 @@ def test_gpu_share_fails_fast_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"0\.25 GPU per client asked for, but this machine has no CUDA GPU"):
         check_gpus_per_client(0.25)
+
+
+@pytest.mark.parametrize(("gpus", "resources"), [(0.0, ""), (0.25, " client-resources-num-gpus=0.25")])
+def test_simulation_asks_ray_for_the_gpu_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: float, resources: str
+) -> None:
+    fake = tmp_path / "bin" / "flwr"  # a stand-in `flwr` that prints its federation config
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport sys\nprint(sys.argv[sys.argv.index('--federation-config') + 1])\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(launch, "BIN", fake.parent)
+    monkeypatch.setattr(launch, "_superlink_pids", set)  # stop no real SuperLink from this test
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    outcome = launch.run_simulation(
+        supernodes=3, run_config="", results_dir=tmp_path, run_name="probe", flwr_home=tmp_path / "home",
+        gpus_per_client=gpus, echo=False, lock=tmp_path / "sim.lock",
+    )  # fmt: skip
+    assert outcome.log.strip() == f"num-supernodes=3 client-resources-num-cpus=1{resources}"
 
 
 def test_suites_gpu_share_from_the_preset_or_the_caller(
