@@ -54,9 +54,10 @@ def batches(cfg: RunConfig, n: int, seed: int = 0) -> list[dict[str, torch.Tenso
     """``n`` random host batches of the run's shape (images, or token ids of ``max-seq-len``)."""
     g = torch.Generator().manual_seed(seed)
     b = cfg.batch_size
+    text = cfg.family().data_kind == "text"
     out = []
     for _ in range(n):
-        if cfg.family().data_kind == "text":
+        if text:
             ids = torch.randint(1000, 30000, (b, cfg.max_seq_len), generator=g)
             batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         else:

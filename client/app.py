@@ -26,7 +26,7 @@ from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile
 from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
-from models.training import evaluate_classifier, train_classifier, use_threads
+from models.training import evaluate_classifier, model_device, train_classifier, use_threads
 from server.config import PFEDKNOW_METHODS, RunConfig
 
 app = ClientApp()
@@ -248,7 +248,7 @@ def train(msg: Message, context: Context) -> Message:
         }
     )
     log(INFO, "trained %s on %d examples on %s, loss %.4f (process age at start %.2f s, handler %.2f s)",
-        variant.name, n_train, cfg.torch_device(), loss, startup, time.perf_counter() - started)  # fmt: skip
+        variant.name, n_train, model_device(model), loss, startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)
 
 
@@ -274,5 +274,5 @@ def evaluate(msg: Message, context: Context) -> Message:
         }
     )
     log(INFO, "evaluated on %d examples on %s (process age at start %.2f s, handler %.2f s)",
-        n, cfg.torch_device(), startup, time.perf_counter() - started)  # fmt: skip
+        n, model_device(model), startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)
