@@ -35,8 +35,9 @@ $(FASHION_MNIST):
 data: $(STAMP) $(if $(HETFL_FASHION_MNIST_DIR),,$(FASHION_MNIST))
 	$(BIN)/python -m models.data
 
+# one torch thread per ClientApp: two Ray actors share the two cores (docs/RESULTS.md, "Framework overhead")
 demo: setup
-	$(BIN)/python -m deploy.launch simulation --supernodes 6 --run-name demo
+	$(BIN)/python -m deploy.launch simulation --supernodes 6 --run-name demo --run-config "client-threads=1"
 
 loopback: setup
 	$(BIN)/python -m deploy.launch loopback --run-name loopback --run-config "num-server-rounds=2"

@@ -79,7 +79,14 @@ class DataSpec:
     client_test_fraction : float
         Share of each partition held out as the client's local test data.
     server_test_size : int
-        Examples of the test split used for centralized evaluation (0 = all).
+        Examples of the held-out split used for centralized evaluation (0 = all).
+    eval_split : {"test", "validation"}
+        What the run holds out and reports: ``"test"`` the source's test split (reported
+        numbers), ``"validation"`` a fixed share of the *training* split (settings are chosen
+        on it; clients then never see it and the test split is never read).
+    validation_fraction : float
+        Share of the training split carved out as the validation split (fixed carve, seed
+        :data:`VALIDATION_CARVE_SEED`, the same for every run seed).
     seed : int
 
     """
@@ -92,7 +99,9 @@ class DataSpec:
     partitioner: str = "iid"
     dirichlet_alpha: float = 0.5
     client_test_fraction: float = 0.2
-    server_test_size: int = 1000
+    server_test_size: int = 0
+    eval_split: str = "test"
+    validation_fraction: float = 0.1
     seed: int = 42
 
     @property
@@ -232,13 +241,66 @@ def _normalize(ds: Dataset, spec: DataSpec) -> Dataset:
     )
 
 
+#: Seed of the validation carve: one validation split for every run seed, so settings chosen on
+#: seeds other than the reported ones are all chosen on the same examples.
+VALIDATION_CARVE_SEED = 20_261_124
+EVAL_SPLITS = ("test", "validation")
+
+
 @lru_cache(maxsize=4)
 def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
-    """Return ``(train, test)`` with columns ``text`` (or ``image``) and ``label``.
+    """Return the run's ``(train, held_out)``, columns ``text`` (or ``image``) and ``label``.
+
+    ``eval_split = "test"``: the source's whole training split and its test split
+    (:func:`source_splits`).  ``eval_split = "validation"``: the training split minus a fixed
+    ``validation_fraction`` carved out of it, and that carve -- the test split is never read,
+    so nothing chosen on a validation run has looked at the examples a reported run tests on.
+    Every consumer of training data (client partitions, server statistics, in-domain
+    distillation data) takes it from the first element, so none ever sees the held-out one.
+
+    Raises
+    ------
+    DataError
+        For an unknown ``eval_split``, a ``validation_fraction`` outside ``(0, 1)``, or a
+        training split too small to carve.
+
+    """
+    if spec.eval_split not in EVAL_SPLITS:
+        raise DataError(f"run config 'eval-split' must be one of {EVAL_SPLITS}, got {spec.eval_split!r}")
+    train, test = source_splits(spec)
+    if spec.eval_split == "test":
+        return train, test
+    if not 0.0 < spec.validation_fraction < 1.0:
+        raise DataError(f"run config 'validation-fraction' must be in (0, 1), got {spec.validation_fraction}")
+    if len(train) < 2:
+        raise DataError(f"dataset {spec.dataset!r}: a training split of {len(train)} examples cannot be carved")
+    parts = train.train_test_split(test_size=spec.validation_fraction, seed=VALIDATION_CARVE_SEED)
+    return parts["train"], parts["test"]
+
+
+def source_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
+    """Return the source's ``(train, test)`` with columns ``text`` (or ``image``) and ``label``.
 
     A source without a labelled test split (GLUE's test labels are -1) uses its
     validation split, or else a seeded 15 % of train.
     """
+    return _source_splits(_source_key(spec))
+
+
+def _source_key(spec: DataSpec) -> DataSpec:
+    """``spec`` with the fields that do not change what the source holds reset (a cache key)."""
+    return DataSpec(
+        dataset=spec.dataset,
+        kind=spec.kind,
+        text_column=spec.text_column,
+        image_column=spec.image_column,
+        label_column=spec.label_column,
+        seed=spec.seed,
+    )
+
+
+@lru_cache(maxsize=4)
+def _source_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     raw = _load_raw(spec)
     if "train" not in raw:
         raise DataError(f"dataset {spec.dataset!r} has no train split (splits: {list(raw)})")
@@ -297,7 +359,11 @@ def load_partition(spec: DataSpec, partition_id: int, num_partitions: int) -> tu
 
 
 def server_test_set(spec: DataSpec) -> Dataset:
-    """Held-out data for centralized evaluation (never partitioned to clients)."""
+    """Held-out data for centralized evaluation (never partitioned to clients).
+
+    The test split, or the validation carve with ``eval_split = "validation"``
+    (:func:`load_splits`); ``server_test_size`` > 0 takes a seeded sample of it.
+    """
     _, test = load_splits(spec)
     if 0 < spec.server_test_size < len(test):
         test = test.shuffle(seed=spec.seed).select(range(spec.server_test_size))
@@ -356,13 +422,18 @@ def text_loader(
 ) -> DataLoader:
     """Tokenize ``ds`` and return a loader yielding model-ready batches.
 
-    Each batch is padded to its longest sequence, truncated at ``max_length``.
+    Each batch is padded to its longest sequence, truncated at ``max_length``.  Without
+    ``shuffle`` (evaluation) the examples come shortest first, so a batch holds snippets of
+    similar length and pads little; accuracy and the example-weighted mean loss do not depend on
+    the order.
     """
     enc = tokenizer(list(ds["text"]), truncation=True, max_length=max_length)
     items = [
         {"input_ids": ids, "attention_mask": mask, "label": lab}
         for ids, mask, lab in zip(enc["input_ids"], enc["attention_mask"], ds["label"], strict=True)
     ]
+    if not shuffle:
+        items.sort(key=lambda it: len(it["input_ids"]))
     collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] = _Collator(tokenizer.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
     return DataLoader(items, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=gen)  # type: ignore[arg-type]

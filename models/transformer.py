@@ -26,9 +26,11 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
+    BertForSequenceClassification,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import logging as hf_logging
 
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
@@ -89,17 +91,87 @@ class TransformerSpec:
         Classifier outputs.
     freeze_word_embeddings : bool
         Keep the word-embedding matrix fixed during local training (never uploaded).
+    pooling : {"mean", "cls"}
+        What the pooler reads: ``"mean"`` the attention-masked mean of the last layer's
+        token states (the pooling all-MiniLM-L6-v2 was trained with), ``"cls"`` the first
+        token's state (BERT's pooler).  Both keep the same parameters (see
+        :class:`MeanPooledBertForSequenceClassification`).
 
     """
 
     source: str = EMBEDDED_MODEL
     num_labels: int = 2
     freeze_word_embeddings: bool = True
+    pooling: str = "mean"
 
     @property
     def pretrained(self) -> bool:
         """Whether weights come from a checkpoint (everything but ``tiny``)."""
         return self.source != TINY_MODEL
+
+
+#: ``pooling`` values of :class:`TransformerSpec`
+POOLINGS = ("mean", "cls")
+
+
+def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean token state over the unpadded positions.
+
+    ``m_b = sum_s a_{b,s} h_{b,s} / max(1, sum_s a_{b,s})`` for hidden states ``h`` of shape
+    ``(B, S, H)`` and attention mask ``a`` of shape ``(B, S)`` (all ones when ``None``) --
+    the mean pooling sentence-transformers trains its encoders with (Reimers & Gurevych,
+    "Sentence-BERT", EMNLP 2019, Sec. 3).
+    """
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+class MeanPooledBertForSequenceClassification(BertForSequenceClassification):
+    """BERT classifier whose pooler reads the mean token state instead of the first token's.
+
+    ``logits = W_c dropout(tanh(W_p masked_mean(h) + b_p)) + b_c``: the same parameters as
+    :class:`~transformers.BertForSequenceClassification` (``bert.pooler.dense`` and
+    ``classifier``), so layouts, checkpoints and width rules are unchanged; only what the
+    pooler reads differs.  A sentence encoder trained with mean pooling carries its sentence
+    signal in the mean, not in the first token: the 2-layer cut of all-MiniLM-L6-v2 with
+    BERT's first-token pooler stays at the majority class on Rotten Tomatoes, with mean
+    pooling it learns (README, "What runs by default").
+    """
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> SequenceClassifierOutput:
+        """Logits (and the mean cross-entropy when ``labels`` are given)."""
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0]
+        pooler = self.bert.pooler
+        if pooler is None:
+            raise ValueError("mean pooling feeds BERT's pooler layer; this model was built without one")
+        pooled = pooler.activation(pooler.dense(masked_mean(hidden, attention_mask)))
+        logits = self.classifier(self.dropout(pooled))
+        loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def classifier_class(spec: TransformerSpec) -> type[PreTrainedModel]:
+    """The model class for the spec's ``pooling``.
+
+    Raises
+    ------
+    ValueError
+        For a pooling other than :data:`POOLINGS`.
+
+    """
+    if spec.pooling == "mean":
+        return MeanPooledBertForSequenceClassification
+    if spec.pooling == "cls":
+        return BertForSequenceClassification
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {spec.pooling!r}")
 
 
 @lru_cache(maxsize=8)
@@ -155,11 +227,11 @@ def build_model(spec: TransformerSpec, depth: int, *, pretrained: bool) -> PreTr
     weights are loaded from a server message anyway).
     """
     if pretrained and spec.pretrained:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model = classifier_class(spec).from_pretrained(
             resolve_source(spec.source), num_labels=spec.num_labels, num_hidden_layers=depth
         )
     else:
-        model = AutoModelForSequenceClassification.from_config(variant_config(spec, depth))
+        model = classifier_class(spec)(variant_config(spec, depth))
     return _apply_freezing(spec, model)
 
 
@@ -172,7 +244,7 @@ def _apply_freezing(spec: TransformerSpec, model: PreTrainedModel) -> PreTrained
 
 def build_variant_model(spec: TransformerSpec, variant: Variant) -> PreTrainedModel:
     """Randomly initialised model of a catalog variant (depth or width); weights come from the server."""
-    return _apply_freezing(spec, AutoModelForSequenceClassification.from_config(variant_model_config(spec, variant)))
+    return _apply_freezing(spec, classifier_class(spec)(variant_model_config(spec, variant)))
 
 
 def variant_model_config(spec: TransformerSpec, variant: Variant) -> BertConfig:

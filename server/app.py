@@ -51,7 +51,7 @@ from server.checkpoint import (
     write_checkpoint,
 )
 from server.config import CODIST_MODES, FLEXIFED_MODES, PFEDKNOW_METHODS, ConfigError, RunConfig
-from server.results import ResultsWriter
+from server.results import ResultsWriter, majority_rate
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
 from strategies.codistill import Batch, CoDistillation, DistillConfig
@@ -245,6 +245,8 @@ class CentralEvaluator:
         self.device = cfg.torch_device()
         spec = cfg.data_spec()
         test = server_test_set(spec)
+        #: ``(split, examples, majority-class rate)`` of the evaluation set, for the results
+        self.held_out = (spec.eval_split, len(test), majority_rate([int(y) for y in test["label"]]))
         self.loaders: dict[str, DataLoader] = {
             d: self.family.loader(test, batch_size=cfg.eval_batch_size, shuffle=False, domain=d) for d in cfg.domains
         }
@@ -412,6 +414,7 @@ def main(grid: Grid, context: Context) -> None:
         method=cfg.method,
         tiers=cfg.training_catalog.names(),
         config=cfg.model_dump(by_alias=True),
+        held_out=evaluator.held_out,
         rows=rows,
     )
     log(INFO, "results go to %s", writer.folder)

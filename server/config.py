@@ -130,6 +130,8 @@ class RunConfig(BaseModel):
     heterofl_server_optimizer: Literal["average", "fedadam"] = "average"
     runtime_overhead_mb: float = Field(450.0, ge=0)
     freeze_word_embeddings: bool = True
+    #: transformer pooler input: "mean" token state (how all-MiniLM-L6-v2 was trained) or "cls" (BERT's)
+    pooling: Literal["mean", "cls"] = "mean"
     # InclusiveFL and the server optimizer (FedAdam)
     beta: float = Field(0.2, ge=0.0, le=1.0)
     server_lr: float = Field(1e-3, gt=0)
@@ -168,7 +170,11 @@ class RunConfig(BaseModel):
     partitioner: Literal["iid", "dirichlet"] = "iid"
     dirichlet_alpha: float = Field(0.5, gt=0)
     client_test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
-    server_test_size: int = Field(500, ge=0)
+    server_test_size: int = Field(0, ge=0)
+    #: what the server evaluates and the run reports: "test" (reported numbers) or "validation" (a fixed
+    #: validation-fraction of the training split, clients never see it; choose settings here)
+    eval_split: Literal["test", "validation"] = "test"
+    validation_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     # results
     results_dir: str = "results"
     run_name: str = ""
@@ -490,7 +496,10 @@ class RunConfig(BaseModel):
     def transformer_spec(self) -> TransformerSpec:
         """Model family settings."""
         return TransformerSpec(
-            source=self.model, num_labels=self.num_labels, freeze_word_embeddings=self.freeze_word_embeddings
+            source=self.model,
+            num_labels=self.num_labels,
+            freeze_word_embeddings=self.freeze_word_embeddings,
+            pooling=self.pooling,
         )
 
     def data_spec(self) -> DataSpec:
@@ -505,6 +514,8 @@ class RunConfig(BaseModel):
             dirichlet_alpha=self.dirichlet_alpha,
             client_test_fraction=self.client_test_fraction,
             server_test_size=self.server_test_size,
+            eval_split=self.eval_split,
+            validation_fraction=self.validation_fraction,
             seed=self.seed,
         )
 

@@ -7,9 +7,13 @@ One JSON object per round (round 0 = the initial models)::
                          "fed-accuracy": ..., "clients": 2, "bytes-down": ..., "bytes-up": ...}, ...},
      "rejected": [...], "failed": [...]}
 
-``global-*`` is the strongest variant on the server's held-out test set (InclusiveFL's
+``global-*`` is the strongest variant on the server's held-out set (InclusiveFL's
 "global inference"), ``local-*`` each tier's own model on that set, ``fed-*`` each
-tier's own model on its clients' local test splits (example-weighted).
+tier's own model on its clients' local test splits (example-weighted).  The held-out set is
+the test split, or with ``eval-split = "validation"`` the validation carve of the training
+split (:func:`models.data.load_splits`); ``summary.csv`` states which, and each tier's final
+accuracy against the majority-class rate of that set (what a model that never leaves the
+majority class scores).
 """
 
 from __future__ import annotations
@@ -27,6 +31,30 @@ from rich.table import Table
 
 from strategies.base import RoundReport
 
+#: A tier "learns" when its final accuracy is at least this far above the majority-class rate.
+LEARNS_MARGIN = 0.10
+
+
+def majority_rate(labels: Sequence[int]) -> float:
+    """Share of the most frequent label: the accuracy of always predicting it (0.0 for no labels)."""
+    if not labels:
+        return 0.0
+    counts: dict[int, int] = {}
+    for y in labels:
+        counts[int(y)] = counts.get(int(y), 0) + 1
+    return max(counts.values()) / len(labels)
+
+
+def verdict(accuracy: float | None, majority: float) -> str:
+    """``"learns"`` (>= majority + :data:`LEARNS_MARGIN`), ``"majority class"`` (within 0.01 of it), else ``"weak"``."""
+    if accuracy is None or accuracy != accuracy:
+        return "-"
+    if accuracy >= majority + LEARNS_MARGIN:
+        return "learns"
+    if abs(accuracy - majority) <= 0.01:
+        return "majority class"
+    return "weak"
+
 
 class ResultsWriter:
     """Append-only writer of one run's results folder.
@@ -40,6 +68,8 @@ class ResultsWriter:
         Tier names, weakest first (table and plot order).
     config : dict[str, Any]
         Written to ``config.json``.
+    held_out : tuple[str, int, float], optional
+        ``(split name, examples, majority-class rate)`` of the server's held-out set.
     rows : Sequence[dict[str, Any]], optional
         Rows of a resumed run (from its checkpoint): ``rounds.jsonl`` is rewritten with exactly
         these (atomically), so rounds the crashed run logged after its checkpoint are dropped and
@@ -54,9 +84,11 @@ class ResultsWriter:
         method: str,
         tiers: list[str],
         config: dict[str, Any],
+        held_out: tuple[str, int, float] = ("test", 0, 0.0),
         rows: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         self.folder = folder
+        self.held_out = held_out
         self.method = method
         self.tiers = tiers
         self.rows: list[dict[str, Any]] = [dict(r) for r in rows or ()]
@@ -127,7 +159,12 @@ class ResultsWriter:
             "rounds",
             "bytes-down",
             "bytes-up",
+            "held-out",
+            "held-out-size",
+            "majority-rate",
+            "verdict",
         ]
+        split, size, majority = self.held_out
         lines = []
         for tier, vals in final["tiers"].items():
             down = sum(r["tiers"].get(tier, {}).get("bytes-down", 0) for r in self.rows)
@@ -143,6 +180,10 @@ class ResultsWriter:
                     "rounds": len(self.rows) - 1,
                     "bytes-down": int(down),
                     "bytes-up": int(up),
+                    "held-out": split,
+                    "held-out-size": size,
+                    "majority-rate": round(majority, 4),
+                    "verdict": verdict(vals.get("local-accuracy"), majority),
                 }
             )
         with summary.open("w", newline="") as f:
@@ -150,13 +191,17 @@ class ResultsWriter:
             w.writeheader()
             w.writerows(lines)
         self._plot()
-        table = Table(title=f"{self.method}: accuracy per tier (server test set)")
-        for col in ("tier", "final acc", "fed acc", "best acc", "best round", "MB down", "MB up"):
+        table = Table(
+            title=f"{self.method}: accuracy per tier on the {split} split ({size} examples; "
+            f"majority class {majority:.3f})"
+        )
+        for col in ("tier", "final acc", "vs majority", "fed acc", "best acc", "best round", "MB down", "MB up"):
             table.add_column(col)
         for line in lines:
             table.add_row(
                 str(line["tier"]),
                 _fmt(line["final-local-accuracy"]),
+                str(line["verdict"]),
                 _fmt(line["final-fed-accuracy"]),
                 _fmt(line["best-local-accuracy"]),
                 str(line["best-round"]),
@@ -184,7 +229,10 @@ class ResultsWriter:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=tier)
         ax.set_xlabel("round")
-        ax.set_ylabel("accuracy (server test set)")
+        split, _, majority = self.held_out
+        if majority > 0:
+            ax.axhline(majority, color="grey", linestyle=":", label="majority class")
+        ax.set_ylabel(f"accuracy ({split} split)")
         ax.set_title(self.method)
         ax.grid(alpha=0.3)
         ax.legend()

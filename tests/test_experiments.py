@@ -263,13 +263,28 @@ def test_shipped_suites_cover_the_issue_and_every_run_config_validates() -> None
     assert names >= REQUIRED_SUITES, REQUIRED_SUITES - names
     for name in names:
         suite = ex.load_suite(name)
-        assert {"cpu", "paper"} <= set(suite.presets), name
+        selects = all(p.overrides.get("eval-split") == "validation" for p in suite.presets.values())
+        # a table the papers print has both sizes; a suite that only chooses settings needs the cpu one
+        assert ({"cpu"} if selects else {"cpu", "paper"}) <= set(suite.presets), name
         for preset in suite.presets.values():
             assert preset.notes, (name, preset.name)
             for run in suite.runs:
                 values = ex.run_config_values(run, preset, ex.BASE_SEED)
                 cfg = RunConfig.from_flower(values)  # raises ConfigError naming the key
                 assert cfg.seed == ex.BASE_SEED
+
+
+def test_demo_selection_runs_the_demo_on_validation_data_with_unreported_seeds() -> None:
+    suite = ex.load_suite("demo-selection")
+    preset = suite.presets["cpu"]
+    assert preset.first_seed not in range(ex.BASE_SEED, ex.BASE_SEED + 5)
+    demo = RunConfig.from_flower({"client-threads": 1})  # what `make demo` runs (and the defaults)
+    for run in suite.runs:
+        cfg = RunConfig.from_flower(ex.run_config_values(run, preset, preset.first_seed))
+        assert cfg.eval_split == "validation" and cfg.data_spec().eval_split == "validation"
+        differs = {k for k, v in cfg.model_dump().items() if v != getattr(demo, k)}
+        assert differs <= {"eval_split", "seed", "pooling", "results_dir", "run_name"}, differs
+    assert {RunConfig.from_flower(ex.run_config_values(r, preset, 7)).pooling for r in suite.runs} == {"mean", "cls"}
 
 
 def test_inclusivefl_beta_suite_sweeps_the_papers_values() -> None:

@@ -85,3 +85,20 @@ def test_embedded_rotten_tomatoes_split() -> None:
     assert len(train) + len(test) > 12_000
     majority = max(sum(test["label"]), len(test) - sum(test["label"])) / len(test)
     assert 0.55 < majority < 0.6  # fresh vs rotten, as documented
+
+
+def test_evaluation_batches_come_shortest_first_and_keep_every_example() -> None:
+    from datasets import Dataset
+
+    from models.data import text_loader
+    from models.transformer import load_tokenizer
+
+    texts = ["a " * n for n in (9, 1, 5, 30, 2, 14, 7, 3)]
+    ds = Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(8)]})
+    tok = load_tokenizer("minilm-l6")
+    widths, labels = [], []
+    for batch in text_loader(ds, tok, batch_size=3, max_length=48, shuffle=False):
+        widths.append(batch["input_ids"].shape[1])
+        labels += batch["labels"].tolist()
+    assert widths == sorted(widths) and widths[0] < widths[-1]
+    assert sorted(labels) == sorted(i % 2 for i in range(8))
