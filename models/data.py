@@ -252,7 +252,7 @@ def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     """Return the run's ``(train, held_out)``, columns ``text`` (or ``image``) and ``label``.
 
     ``eval_split = "test"``: the source's whole training split and its test split
-    (:func:`source_splits`).  ``eval_split = "validation"``: the training split minus a fixed
+    (:func:`_source_splits`).  ``eval_split = "validation"``: the training split minus a fixed
     ``validation_fraction`` carved out of it, and that carve -- the test split is never read,
     so nothing chosen on a validation run has looked at the examples a reported run tests on.
     Every consumer of training data (client partitions, server statistics, in-domain
@@ -267,7 +267,7 @@ def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     """
     if spec.eval_split not in EVAL_SPLITS:
         raise DataError(f"run config 'eval-split' must be one of {EVAL_SPLITS}, got {spec.eval_split!r}")
-    train, test = source_splits(spec)
+    train, test = _source_splits(spec)
     if spec.eval_split == "test":
         return train, test
     if not 0.0 < spec.validation_fraction < 1.0:
@@ -278,29 +278,12 @@ def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     return parts["train"], parts["test"]
 
 
-def source_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
+def _source_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     """Return the source's ``(train, test)`` with columns ``text`` (or ``image``) and ``label``.
 
     A source without a labelled test split (GLUE's test labels are -1) uses its
     validation split, or else a seeded 15 % of train.
     """
-    return _source_splits(_source_key(spec))
-
-
-def _source_key(spec: DataSpec) -> DataSpec:
-    """``spec`` with the fields that do not change what the source holds reset (a cache key)."""
-    return DataSpec(
-        dataset=spec.dataset,
-        kind=spec.kind,
-        text_column=spec.text_column,
-        image_column=spec.image_column,
-        label_column=spec.label_column,
-        seed=spec.seed,
-    )
-
-
-@lru_cache(maxsize=4)
-def _source_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     raw = _load_raw(spec)
     if "train" not in raw:
         raise DataError(f"dataset {spec.dataset!r} has no train split (splits: {list(raw)})")

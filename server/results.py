@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,15 +41,12 @@ def majority_rate(labels: Sequence[int]) -> float:
     """Share of the most frequent label: the accuracy of always predicting it (0.0 for no labels)."""
     if not labels:
         return 0.0
-    counts: dict[int, int] = {}
-    for y in labels:
-        counts[int(y)] = counts.get(int(y), 0) + 1
-    return max(counts.values()) / len(labels)
+    return max(Counter(labels).values()) / len(labels)
 
 
 def verdict(accuracy: float | None, majority: float) -> str:
     """``"learns"`` (>= majority + :data:`LEARNS_MARGIN`), ``"majority class"`` (within 0.01 of it), else ``"weak"``."""
-    if accuracy is None or accuracy != accuracy:
+    if accuracy is None or math.isnan(accuracy):
         return "-"
     if accuracy >= majority + LEARNS_MARGIN:
         return "learns"
@@ -68,8 +67,9 @@ class ResultsWriter:
         Tier names, weakest first (table and plot order).
     config : dict[str, Any]
         Written to ``config.json``.
-    held_out : tuple[str, int, float], optional
-        ``(split name, examples, majority-class rate)`` of the server's held-out set.
+    held_out : tuple[str, int, float]
+        ``(split name, examples, majority-class rate)`` of the server's held-out set
+        (:attr:`server.app.CentralEvaluator.held_out`).
     rows : Sequence[dict[str, Any]], optional
         Rows of a resumed run (from its checkpoint): ``rounds.jsonl`` is rewritten with exactly
         these (atomically), so rounds the crashed run logged after its checkpoint are dropped and
@@ -84,7 +84,7 @@ class ResultsWriter:
         method: str,
         tiers: list[str],
         config: dict[str, Any],
-        held_out: tuple[str, int, float] = ("test", 0, 0.0),
+        held_out: tuple[str, int, float],
         rows: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         self.folder = folder

@@ -343,12 +343,12 @@ def test_restore_checks_the_results_rows(tmp_path: Path) -> None:
 
 def test_results_writer_resumes_without_duplicating_rounds(tmp_path: Path) -> None:
     central = {"weak": {"accuracy": 0.5, "loss": 0.7}}
-    w = ResultsWriter(tmp_path / "run", method="m", tiers=["weak"], config={})
+    w = ResultsWriter(tmp_path / "run", method="m", tiers=["weak"], config={}, held_out=("test", 10, 0.5))
     for t in range(4):  # the crashed run logged round 3, but its last checkpoint is after round 2
         w.write_round(t, central, None)
-    ResultsWriter(tmp_path / "run", method="m", tiers=["weak"], config={}, rows=w.rows[:3]).write_round(
-        3, central, None
-    )
+    ResultsWriter(
+        tmp_path / "run", method="m", tiers=["weak"], config={}, held_out=("test", 10, 0.5), rows=w.rows[:3]
+    ).write_round(3, central, None)
     assert [r["round"] for r in read_rounds(tmp_path / "run")] == [0, 1, 2, 3]
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "run").iterdir())
 
