@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from deploy.claims import Claim, ClaimError, claims_markdown, parse_claims
 from deploy.launch import (
     ROOT,
     check_gpus_per_client,
@@ -141,6 +142,9 @@ class Suite:
         the server's test set; ``fed-accuracy``: on the clients' own test splits).
     runs : tuple[SuiteRun, ...]
     presets : Mapping[str, Preset]
+    claims : tuple[Claim, ...]
+        The paper's claims the suite tests, each a paired comparison of two runs
+        (:mod:`deploy.claims`); the report gives each its paired difference and verdict.
 
     """
 
@@ -150,6 +154,7 @@ class Suite:
     metric: str
     runs: tuple[SuiteRun, ...]
     presets: Mapping[str, Preset]
+    claims: tuple[Claim, ...] = ()
 
 
 def _scalars(table: object, where: str) -> dict[str, Scalar]:
@@ -172,18 +177,20 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         Suite name (the file's stem).
     data : Mapping[str, Any]
         The TOML document: ``description``, ``paper``, ``metric``, optional default ``config``,
-        ``[presets.<name>]`` tables and ``[[runs]]`` entries.
+        ``[presets.<name>]`` tables, ``[[runs]]`` entries and optional ``[[claims]]`` entries
+        (:func:`deploy.claims.parse_claims`).
     base : Path
         Folder that relative ``config`` paths are resolved against (the repository root).
 
     Raises
     ------
     SuiteError
-        On a missing or malformed key, duplicate labels, or a config file that does not exist.
+        On a missing or malformed key, duplicate labels, a config file that does not exist, or a
+        malformed claim.
 
     """
     where = f"suite {name!r}"
-    known = {"description", "paper", "metric", "config", "presets", "runs"}
+    known = {"description", "paper", "metric", "config", "presets", "runs", "claims"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise SuiteError(f"{where}: unknown keys {unknown} (expected {sorted(known)})")
@@ -246,6 +253,10 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
             first_seed=first_seed,
             gpus_per_client=_non_negative(raw.get("gpus-per-client", 0.0), f"{at}.gpus-per-client"),
         )
+    try:
+        claims = parse_claims(data.get("claims"), where, labels)
+    except ClaimError as exc:
+        raise SuiteError(str(exc)) from exc
     return Suite(
         name=name,
         description=str(data.get("description", "")),
@@ -253,6 +264,7 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         metric=str(data.get("metric", "local-accuracy")),
         runs=tuple(runs),
         presets=presets,
+        claims=claims,
     )
 
 
@@ -607,6 +619,14 @@ def report_markdown(suite: Suite, preset: str, results: Sequence[RunResult], *, 
         ("rounds-to-best", "Rounds to best (first round reaching the best value; 0 = initial model)", 1),
     ):
         out += [f"## {title}", "", markdown_table(summarize(results, stat), labels=labels, tiers=tiers, digits=digits)]
+    if suite.claims:
+        out += [
+            "## Claims (paired per-seed differences)",
+            "",
+            "Held: >= 3 common seeds and the paired mean difference >= 2 SE in the claimed direction.",
+            "",
+            claims_markdown(suite.claims, results),
+        ]
     out += ["## Wall time per run (s)", "", "| run | seconds |", "| --- | --- |"]
     out += [f"| {label} | {format_mean_se(m, s, 0)} |" for label, (m, s) in wall_times(results).items()]
     return "\n".join(out) + "\n"

@@ -87,6 +87,10 @@ class DataSpec:
     validation_fraction : float
         Share of the training split carved out as the validation split (fixed carve, seed
         :data:`VALIDATION_CARVE_SEED`, the same for every run seed).
+    server_labeled_size : int
+        Labeled *training* examples the server keeps for itself (pFedKnow's ``D_s``), carved
+        out of the training split (seeded by ``seed``) before the clients' partitions, so no
+        client holds them and they are never test examples (0 = none).
     seed : int
 
     """
@@ -102,6 +106,7 @@ class DataSpec:
     server_test_size: int = 0
     eval_split: str = "test"
     validation_fraction: float = 0.1
+    server_labeled_size: int = 0
     seed: int = 42
 
     @property
@@ -247,16 +252,17 @@ VALIDATION_CARVE_SEED = 20_261_124
 EVAL_SPLITS = ("test", "validation")
 
 
-@lru_cache(maxsize=4)
 def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     """Return the run's ``(train, held_out)``, columns ``text`` (or ``image``) and ``label``.
 
-    ``eval_split = "test"``: the source's whole training split and its test split
+    ``eval_split = "test"``: the source's training split and its test split
     (:func:`_source_splits`).  ``eval_split = "validation"``: the training split minus a fixed
     ``validation_fraction`` carved out of it, and that carve -- the test split is never read,
     so nothing chosen on a validation run has looked at the examples a reported run tests on.
-    Every consumer of training data (client partitions, server statistics, in-domain
-    distillation data) takes it from the first element, so none ever sees the held-out one.
+    With ``server_labeled_size`` > 0 the server's labeled set (:func:`server_labeled_set`) is
+    carved out of ``train`` as well.  Every consumer of training data (client partitions,
+    server statistics, in-domain distillation data) takes it from the first element, so none
+    ever sees the held-out one.
 
     Raises
     ------
@@ -265,17 +271,50 @@ def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
         training split too small to carve.
 
     """
+    train, _, held_out = _run_splits(spec)
+    return train, held_out
+
+
+def server_labeled_set(spec: DataSpec) -> Dataset:
+    """The server's ``server_labeled_size`` labeled training examples (pFedKnow's ``D_s``).
+
+    Carved from the training split (seed ``spec.seed``) after the validation carve, so they
+    are disjoint from every client partition and from the held-out split.
+
+    Raises
+    ------
+    DataError
+        If ``server_labeled_size`` is 0 (the run keeps no labeled set).
+
+    """
+    if spec.server_labeled_size <= 0:
+        raise DataError("run config 'pfedknow-labeled-size': the run keeps no server labeled set (size 0)")
+    return _run_splits(spec)[1]
+
+
+@lru_cache(maxsize=4)
+def _run_splits(spec: DataSpec) -> tuple[Dataset, Dataset, Dataset]:
+    """``(client training data, server labeled set, held-out split)`` -- see :func:`load_splits`."""
     if spec.eval_split not in EVAL_SPLITS:
         raise DataError(f"run config 'eval-split' must be one of {EVAL_SPLITS}, got {spec.eval_split!r}")
-    train, test = _source_splits(spec)
-    if spec.eval_split == "test":
-        return train, test
-    if not 0.0 < spec.validation_fraction < 1.0:
-        raise DataError(f"run config 'validation-fraction' must be in (0, 1), got {spec.validation_fraction}")
-    if len(train) < 2:
-        raise DataError(f"dataset {spec.dataset!r}: a training split of {len(train)} examples cannot be carved")
-    parts = train.train_test_split(test_size=spec.validation_fraction, seed=VALIDATION_CARVE_SEED)
-    return parts["train"], parts["test"]
+    train, held_out = _source_splits(spec)
+    if spec.eval_split == "validation":
+        if not 0.0 < spec.validation_fraction < 1.0:
+            raise DataError(f"run config 'validation-fraction' must be in (0, 1), got {spec.validation_fraction}")
+        if len(train) < 2:
+            raise DataError(f"dataset {spec.dataset!r}: a training split of {len(train)} examples cannot be carved")
+        parts = train.train_test_split(test_size=spec.validation_fraction, seed=VALIDATION_CARVE_SEED)
+        train, held_out = parts["train"], parts["test"]
+    labeled = train.select([])
+    if spec.server_labeled_size > 0:
+        if spec.server_labeled_size >= len(train):
+            raise DataError(
+                f"run config 'pfedknow-labeled-size' = {spec.server_labeled_size}: the training split has "
+                f"only {len(train)} examples; keep it well below that so the clients have data"
+            )
+        parts = train.train_test_split(test_size=spec.server_labeled_size, seed=spec.seed)
+        train, labeled = parts["train"], parts["test"]
+    return train, labeled, held_out
 
 
 def _source_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:

@@ -30,6 +30,7 @@ from models.data import (
     load_splits,
     num_labels,
     read_guardian_headlines,
+    server_labeled_set,
     server_stats_set,
     server_test_set,
     text_inputs,
@@ -126,23 +127,14 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
 
 
 def pfedknow_labeled_set(cfg: RunConfig) -> tuple[Batch, Tensor]:
-    """The pFedKnow server's labeled set ``D_s``: ``pfedknow-labeled-size`` test-split examples.
+    """The pFedKnow server's labeled set ``D_s``: ``pfedknow-labeled-size`` training examples.
 
-    Taken from the same seeded shuffle of the test split as :func:`models.data.server_test_set`,
-    right after its ``server-test-size`` evaluation examples: disjoint from the evaluation data
-    and from every client's (training-split) data.  Images: a normalized tensor; text: keyword
-    inputs tokenized like the clients' (truncated at ``max-seq-len``).
+    Carved out of the training split before the clients' partitions
+    (:func:`models.data.server_labeled_set`): no client holds them and they are never test or
+    validation examples.  Images: a normalized tensor; text: keyword inputs tokenized like the
+    clients' (truncated at ``max-seq-len``).
     """
-    spec = cfg.data_spec()
-    _, test = load_splits(spec)
-    lo = cfg.server_test_size
-    hi = min(len(test), lo + cfg.pfedknow_labeled_size)
-    if hi <= lo:
-        raise ConfigError(
-            f"run config 'pfedknow-labeled-size': the test split ({len(test)}) has no examples left after "
-            f"'server-test-size' = {lo}"
-        )
-    labeled = test.shuffle(seed=spec.seed).select(range(lo, hi))
+    labeled = server_labeled_set(cfg.data_spec())
     if cfg.image_data:
         return image_tensors(labeled)
     tokenizer = load_tokenizer(resolve_source(cfg.model))

@@ -516,6 +516,7 @@ class RunConfig(BaseModel):
             server_test_size=self.server_test_size,
             eval_split=self.eval_split,
             validation_fraction=self.validation_fraction,
+            server_labeled_size=self.pfedknow_labeled_size if self.method in PFEDKNOW_METHODS else 0,
             seed=self.seed,
         )
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
+from models.data import DataError, DataSpec, load_partition, load_splits, server_labeled_set, server_test_set
 from server.app import build_strategy, pfedknow_labeled_set
 from server.config import PFEDKNOW_METHODS, ConfigError, RunConfig
 from strategies.pfedknow import MODES, PFedKnow
@@ -62,8 +64,27 @@ def test_server_builds_pfedknow_with_a_disjoint_labeled_set() -> None:
     assert sum(p.numel() for p in teacher.parameters()) > 3 * sum(p.numel() for p in light.parameters())
     semifl = build_strategy(RunConfig.from_flower({**BASE, "method": "semifl"}))
     assert isinstance(semifl, PFedKnow) and semifl.delta == pytest.approx(0.05)  # 1 - confidence
-    with pytest.raises(ConfigError, match="'pfedknow-labeled-size'"):
-        pfedknow_labeled_set(RunConfig.from_flower({**BASE, "server-test-size": 10_000}))
+    with pytest.raises(DataError, match="'pfedknow-labeled-size'"):
+        pfedknow_labeled_set(RunConfig.from_flower({**BASE, "pfedknow-labeled-size": 10_000_000}))
+
+
+def test_labeled_set_comes_from_training_data_no_client_holds() -> None:
+    cfg = RunConfig.from_flower(BASE)
+    assert cfg.data_spec().server_labeled_size == 50
+    other = RunConfig.from_flower(
+        {**BASE, "method": "heterofl", "model": "cnn", "tiers": "weak,medium,strong", "tier-proportions": "1,1,1"}
+    )
+    assert other.data_spec().server_labeled_size == 0  # only pFedKnow's runs carve a labeled set
+    spec = DataSpec(server_labeled_size=50, seed=3)
+    labeled = set(server_labeled_set(spec)["text"])
+    assert len(labeled) >= 49  # a few snippets repeat in the source
+    assert not labeled & set(server_test_set(spec)["text"])
+    assert labeled <= set(load_splits(dataclasses.replace(spec, server_labeled_size=0))[0]["text"])
+    for pid in range(3):
+        train, test = load_partition(spec, pid, 3)
+        assert not labeled & (set(train["text"]) | set(test["text"]))
+    with pytest.raises(DataError, match="size 0"):
+        server_labeled_set(DataSpec())
 
 
 @pytest.mark.parametrize("path", sorted(Path("deploy/configs").glob("pfedknow-*.toml")), ids=lambda p: p.name)

@@ -1,0 +1,241 @@
+r"""A suite's claims: paired per-seed differences between two of its rows, and their verdicts.
+
+A claim compares row ``a`` with row ``b`` of a suite on one tier and one per-run statistic
+(final value, best value, or rounds to a target accuracy).  Both rows run on the same seeds
+(the same partitions, client sampling and initial models), so the claim is judged on the
+*paired* differences
+
+.. math:: d_s = f(a, s) - f(b, s), \qquad s \in S_a \cap S_b,
+
+their mean :math:`\bar d` and standard error :math:`\mathrm{SE} = s_d / \sqrt{n}` (Bessel-corrected
+:math:`s_d`).  A claim that ``a`` is higher is *held* when :math:`n \ge 3` and
+:math:`\bar d \ge 2\,\mathrm{SE}` with :math:`\bar d > 0` (for "lower", the mirror image); with
+fewer than three common seeds it is *too few seeds*; otherwise *not held*.
+
+The functions are pure so they are tested on exact numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+#: Seeds a verdict needs (the project's standard: a mean over >= 3 seeds).
+MIN_SEEDS = 3
+#: How many standard errors the paired mean difference must clear.
+SE_MULTIPLE = 2.0
+DIRECTIONS = ("higher", "lower")
+CLAIM_STATISTICS = ("final", "best", "rounds-to-target")
+
+Verdict = Literal["held", "not held", "too few seeds"]
+
+
+class ClaimError(ValueError):
+    """A suite's ``[[claims]]`` entry is malformed (the message names the entry and the key)."""
+
+
+class _Run(Protocol):
+    """What a claim reads of a finished run (:class:`deploy.experiments.RunResult`)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def curves(self) -> Mapping[str, Mapping[int, float]]: ...
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a suite: row ``a`` beats row ``b`` on ``tier``'s ``statistic``.
+
+    Parameters
+    ----------
+    label : str
+        The claim's label in ``docs/RESULTS.md`` (``C1`` ...).
+    text : str
+        The claim in words.
+    a, b : str
+        Run labels of the suite; the difference is ``a - b``.
+    tier : str
+        The tier whose curve is compared (InclusiveFL's global model: the strongest tier).
+    tier_b : str
+        Row ``b``'s tier when it differs (HeteroFL's full model vs FedAvg's smallest one);
+        empty = ``tier``.
+    statistic : {"final", "best", "rounds-to-target"}
+    direction : {"higher", "lower"}
+        Which sign of ``a - b`` the paper claims ("lower" for rounds to a target).
+    target : float
+        The accuracy ``rounds-to-target`` counts the rounds to (unused otherwise).
+    paper : str
+        The paper's figure for the claim.
+
+    """
+
+    label: str
+    text: str
+    a: str
+    b: str
+    tier: str
+    statistic: str = "final"
+    direction: str = "higher"
+    target: float = 0.0
+    paper: str = ""
+    tier_b: str = ""
+
+    @property
+    def b_tier(self) -> str:
+        """The tier of row ``b`` that is compared."""
+        return self.tier_b or self.tier
+
+
+def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Claim, ...]:
+    """Build the suite's claims from its ``[[claims]]`` entries (none is fine).
+
+    Raises
+    ------
+    ClaimError
+        On a missing or unknown key, a run label the suite does not have, an unknown statistic or
+        direction, or a ``rounds-to-target`` claim without a target in ``(0, 1]``.
+
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ClaimError(f"{where}: 'claims' must be a list of [[claims]] tables")
+    claims = []
+    known = {"label", "text", "a", "b", "tier", "tier-b", "statistic", "direction", "target", "paper"}
+    for i, entry in enumerate(raw):
+        at = f"{where} claims[{i}]"
+        if not isinstance(entry, dict):
+            raise ClaimError(f"{at}: expected a table")
+        extra = sorted(set(entry) - known)
+        if extra:
+            raise ClaimError(f"{at}: unknown keys {extra} (expected {sorted(known)})")
+        for key in ("label", "text", "a", "b", "tier"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ClaimError(f"{at}: needs '{key}' (a non-empty string)")
+        for key in ("a", "b"):
+            if entry[key] not in run_labels:
+                raise ClaimError(f"{at}.{key}: {entry[key]!r} is not a run label of the suite ({list(run_labels)})")
+        claim = Claim(
+            label=entry["label"], text=entry["text"], a=entry["a"], b=entry["b"], tier=entry["tier"],
+            statistic=str(entry.get("statistic", "final")), direction=str(entry.get("direction", "higher")),
+            target=_number(entry.get("target", 0.0), f"{at}.target"), paper=str(entry.get("paper", "")),
+            tier_b=str(entry.get("tier-b", "")),
+        )  # fmt: skip
+        if claim.statistic not in CLAIM_STATISTICS:
+            raise ClaimError(f"{at}.statistic: expected one of {CLAIM_STATISTICS}, got {claim.statistic!r}")
+        if claim.direction not in DIRECTIONS:
+            raise ClaimError(f"{at}.direction: expected one of {DIRECTIONS}, got {claim.direction!r}")
+        if claim.statistic == "rounds-to-target" and not 0.0 < claim.target <= 1.0:
+            raise ClaimError(f"{at}.target: 'rounds-to-target' needs a target accuracy in (0, 1], got {claim.target}")
+        claims.append(claim)
+    return tuple(claims)
+
+
+def _number(value: Any, at: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ClaimError(f"{at}: expected a number, got {value!r}")
+    return float(value)
+
+
+def rounds_to_target(curve: Mapping[int, float], target: float) -> float:
+    r"""First round whose value reaches ``target``; ``inf`` if none does.
+
+    .. math:: r_\tau = \min \{ r : \mathrm{curve}[r] \ge \tau \}
+
+    A run that never reaches the target is censored at :math:`+\infty` (it took more rounds than
+    the run had); :func:`paired_difference` reports such a pair as not comparable.
+    """
+    reached = [r for r, v in curve.items() if v >= target]
+    return float(min(reached)) if reached else math.inf
+
+
+def claim_statistic(curve: Mapping[int, float], claim: Claim) -> float:
+    """The per-run number the claim compares (``final``, ``best`` or ``rounds-to-target``)."""
+    if claim.statistic == "final":
+        return curve[max(curve)]
+    if claim.statistic == "best":
+        return max(curve.values())
+    return rounds_to_target(curve, claim.target)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``a - b`` per common seed, with mean and standard error (NaN below two seeds)."""
+
+    seeds: tuple[int, ...]
+    differences: tuple[float, ...]
+    mean: float
+    se: float
+    censored: tuple[int, ...] = ()
+
+    @property
+    def n(self) -> int:
+        """Number of seeds with a finite difference."""
+        return len(self.differences)
+
+
+def paired_difference(results: Sequence[_Run], claim: Claim) -> PairedDifference:
+    r"""Per-seed ``claim_statistic(a) - claim_statistic(b)`` over the seeds both rows finished.
+
+    .. math:: \bar d = \frac1n \sum_s d_s, \qquad \mathrm{SE} = \frac{1}{\sqrt n}
+              \sqrt{\frac{1}{n-1} \sum_s (d_s - \bar d)^2}
+
+    Seeds where either row lacks the tier's curve are skipped; seeds where a ``rounds-to-target``
+    row never reached the target are listed in ``censored`` and left out of the mean.
+    """
+    by = {(r.label, r.seed): r for r in results}
+    seeds, diffs, censored = [], [], []
+    for seed in sorted({s for (label, s) in by if label == claim.a} & {s for (label, s) in by if label == claim.b}):
+        ca, cb = by[(claim.a, seed)].curves.get(claim.tier), by[(claim.b, seed)].curves.get(claim.b_tier)
+        if not ca or not cb:
+            continue
+        d = claim_statistic(ca, claim) - claim_statistic(cb, claim)
+        if math.isfinite(d):
+            seeds.append(seed)
+            diffs.append(d)
+        else:
+            censored.append(seed)
+    n = len(diffs)
+    mean = math.fsum(diffs) / n if n else math.nan
+    se = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1)) / math.sqrt(n) if n > 1 else math.nan
+    return PairedDifference(tuple(seeds), tuple(diffs), mean, se, tuple(censored))
+
+
+def verdict(diff: PairedDifference, direction: str) -> Verdict:
+    r"""``held`` when :math:`n \ge 3` and the signed mean clears :math:`2\,\mathrm{SE}` in ``direction``.
+
+    Signed mean :math:`m = \bar d` ("higher") or :math:`-\bar d` ("lower"); held iff
+    :math:`m > 0` and :math:`m \ge 2\,\mathrm{SE}`.
+    """
+    if diff.n < MIN_SEEDS:
+        return "too few seeds"
+    signed = diff.mean if direction == "higher" else -diff.mean
+    return "held" if signed > 0 and signed >= SE_MULTIPLE * diff.se else "not held"
+
+
+def claims_markdown(claims: Sequence[Claim], results: Sequence[_Run], *, digits: int = 3) -> str:
+    """The report's claims table: claim, compared rows, paired difference ± SE, seeds, verdict."""
+    lines = [
+        "| claim | a − b | tier, statistic | paired a − b (mean ± SE) | seeds | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in claims:
+        d = paired_difference(results, c)
+        stat = c.statistic if c.statistic != "rounds-to-target" else f"rounds to {c.target:g}"
+        value = "—" if d.n == 0 else (f"{d.mean:+.{digits}f}" + ("" if math.isnan(d.se) else f" ± {d.se:.{digits}f}"))
+        if d.censored:
+            value += f" (target not reached: seeds {', '.join(map(str, d.censored))})"
+        want = "a higher" if c.direction == "higher" else "a lower"
+        tier = c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}"
+        lines.append(
+            f"| {c.label}: {c.text} | {c.a} − {c.b} | {tier}, {stat} ({want}) | {value} | {d.n} | "
+            f"{verdict(d, c.direction)} |"
+        )
+    return "\n".join(lines) + "\n"

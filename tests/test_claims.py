@@ -1,0 +1,113 @@
+"""Claims: paired per-seed differences, their standard error and verdict, on exact numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from deploy.claims import (
+    Claim,
+    ClaimError,
+    PairedDifference,
+    claims_markdown,
+    paired_difference,
+    parse_claims,
+    rounds_to_target,
+    verdict,
+)
+from deploy.experiments import RunResult, SuiteError, parse_suite
+
+
+def run(label: str, seed: int, curve: dict[int, float], tier: str = "strong") -> RunResult:
+    return RunResult(label=label, seed=seed, curves={tier: curve})
+
+
+CLAIM = Claim(label="C1", text="InclusiveFL beats ExclusiveFL", a="incl", b="excl", tier="strong")
+
+
+def test_paired_difference_mean_and_se_exact() -> None:
+    # finals: incl 0.80, 0.70, 0.90; excl 0.70, 0.68, 0.81 -> d = 0.10, 0.02, 0.09
+    results = [
+        run("incl", 1, {0: 0.5, 5: 0.80}), run("excl", 1, {0: 0.5, 5: 0.70}),
+        run("incl", 2, {0: 0.5, 5: 0.70}), run("excl", 2, {0: 0.5, 5: 0.68}),
+        run("incl", 3, {0: 0.5, 5: 0.90}), run("excl", 3, {0: 0.5, 5: 0.81}),
+        run("incl", 4, {0: 0.5, 5: 0.90}),  # no partner: not paired
+    ]  # fmt: skip
+    d = paired_difference(results, CLAIM)
+    assert d.seeds == (1, 2, 3)
+    assert d.differences == pytest.approx((0.10, 0.02, 0.09))
+    mean = 0.07
+    sd = math.sqrt(((0.03) ** 2 + (0.05) ** 2 + (0.02) ** 2) / 2)  # sqrt(0.0019)
+    assert d.mean == pytest.approx(mean)
+    assert d.se == pytest.approx(sd / math.sqrt(3))  # 0.025166
+    assert verdict(d, "higher") == "held"  # 0.07 >= 2 * 0.0252
+    assert verdict(d, "lower") == "not held"
+
+
+def test_verdict_needs_three_seeds_and_two_standard_errors() -> None:
+    assert verdict(PairedDifference((1, 2), (0.5, 0.5), 0.5, 0.0), "higher") == "too few seeds"
+    assert verdict(PairedDifference((1, 2, 3), (0.1, 0.0, 0.05), 0.05, 0.0289), "higher") == "not held"
+    assert verdict(PairedDifference((1, 2, 3), (-3.0, -2.0, -4.0), -3.0, 0.577), "lower") == "held"
+    assert verdict(PairedDifference((1, 2, 3), (0.0, 0.0, 0.0), 0.0, 0.0), "higher") == "not held"
+
+
+def test_rounds_to_target_and_censoring() -> None:
+    assert rounds_to_target({0: 0.5, 1: 0.6, 2: 0.75, 3: 0.74}, 0.7) == 2.0
+    assert rounds_to_target({0: 0.5, 1: 0.6}, 0.7) == math.inf
+    claim = Claim("C3", "momentum is faster", "m", "plain", "strong", statistic="rounds-to-target",
+                  direction="lower", target=0.7)  # fmt: skip
+    results = [
+        run("m", 1, {0: 0.5, 1: 0.7, 2: 0.8}), run("plain", 1, {0: 0.5, 1: 0.6, 2: 0.7}),
+        run("m", 2, {0: 0.5, 1: 0.6, 2: 0.7}), run("plain", 2, {0: 0.5, 1: 0.6, 2: 0.6}),
+    ]  # fmt: skip
+    d = paired_difference(results, claim)
+    assert d.differences == (-1.0,) and d.censored == (2,) and math.isnan(d.se)
+    table = claims_markdown([claim], results)
+    assert "rounds to 0.7 (a lower)" in table and "target not reached: seeds 2" in table and "too few seeds" in table
+
+
+def test_claims_markdown_exact_row() -> None:
+    results = [run("incl", s, {3: 0.6 + 0.1 * s}) for s in (1, 2, 3)] + [run("excl", s, {3: 0.6}) for s in (1, 2, 3)]
+    row = claims_markdown([CLAIM], results).splitlines()[2]
+    assert row == (
+        "| C1: InclusiveFL beats ExclusiveFL | incl − excl | strong, final (a higher) | +0.200 ± 0.058 | 3 | held |"
+    )
+
+
+def test_parse_claims_rejects_malformed_entries() -> None:
+    labels = ["incl", "excl"]
+    ok = {"label": "C1", "text": "t", "a": "incl", "b": "excl", "tier": "strong"}
+    assert parse_claims(None, "suite", labels) == ()
+    assert parse_claims([ok], "suite", labels)[0] == Claim("C1", "t", "incl", "excl", "strong")
+    for bad, match in (
+        ({**ok, "a": "nope"}, "not a run label"),
+        ({**ok, "statistic": "median"}, "statistic"),
+        ({**ok, "direction": "up"}, "direction"),
+        ({**ok, "statistic": "rounds-to-target"}, "target"),
+        ({**ok, "colour": "red"}, "unknown keys"),
+        ({k: v for k, v in ok.items() if k != "tier"}, "'tier'"),
+    ):
+        with pytest.raises(ClaimError, match=match):
+            parse_claims([bad], "suite", labels)
+
+
+def test_a_suite_with_a_bad_claim_fails_to_parse() -> None:
+    doc = {
+        "presets": {"cpu": {"supernodes": 2}},
+        "runs": [{"label": "a"}, {"label": "b"}],
+        "claims": [{"label": "C1", "text": "t", "a": "a", "b": "c", "tier": "strong"}],
+    }
+    with pytest.raises(SuiteError, match=r"claims\[0\]\.b"):
+        parse_suite("x", doc)
+
+
+def test_rows_may_compare_different_tiers() -> None:
+    claim = Claim("C12", "mix beats smallest", "mix", "small", "a", tier_b="e")
+    results = [RunResult("mix", s, {"a": {1: 0.8 + s / 100}, "e": {1: 0.1}}) for s in (1, 2, 3)]
+    results += [RunResult("small", s, {"e": {1: 0.7}}) for s in (1, 2, 3)]
+    d = paired_difference(results, claim)
+    assert d.differences == pytest.approx((0.11, 0.12, 0.13))
+    assert "| a − e, final (a higher) |" in claims_markdown([claim], results)
+    ok = {"label": "C12", "text": "t", "a": "mix", "b": "small", "tier": "a", "tier-b": "e"}
+    assert parse_claims([ok], "suite", ["mix", "small"])[0].b_tier == "e"
