@@ -322,11 +322,6 @@ class RunConfig(BaseModel):
                     f"run config 'tiers': {self.method!r} trains one lightweight model; give one tier, "
                     f"got {self.tier_names}"
                 )
-            if self.server_test_size == 0:
-                raise ValueError(
-                    "run config 'server-test-size': pFedKnow's labeled set is held out of the test split "
-                    "after the server's evaluation examples; give a positive size"
-                )
             if not self.image_data:
                 self._check_pfedknow_student()
         if self.is_cnn and self.method not in CNN_METHODS:

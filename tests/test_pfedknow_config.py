@@ -39,7 +39,6 @@ def test_every_method_has_a_mode() -> None:
     [
         ({"model": "preresnet18"}, "'model'"),
         ({"tiers": "a:b", "tier-proportions": "1:1"}, "'tiers'"),
-        ({"server-test-size": 0}, "'server-test-size'"),
         ({"pfedknow-delta": 0.0}, "'pfedknow-delta'"),
         ({"pfedknow-prune-ratio": 1.0}, "'pfedknow-prune-ratio'"),
         ({"pfedknow-prune-rounds": 0}, "'pfedknow-prune-rounds'"),
