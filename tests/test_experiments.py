@@ -327,3 +327,16 @@ def test_tiny_suite_end_to_end(tmp_path: Path) -> None:
     assert ex.main(["tiny", "--out", str(tmp_path)]) == 0
     assert (folder / "rounds.jsonl").stat().st_mtime == before
     assert line in (tmp_path / "table.md").read_text()
+
+
+def test_every_shipped_claim_compares_tiers_its_rows_train() -> None:
+    for name in ex.available_suites():
+        suite = ex.load_suite(name)
+        preset = suite.presets["cpu"]
+        runs = {r.label: r for r in suite.runs}
+        for claim in suite.claims:
+            for label, tier in ((claim.a, claim.tier), (claim.b, claim.b_tier)):
+                cfg = RunConfig.from_flower(ex.run_config_values(runs[label], preset, ex.BASE_SEED))
+                assert tier in cfg.tier_names, (name, claim.label, label, tier, cfg.tier_names)
+    assert {c.label for c in ex.load_suite("heterofl").claims} >= {"C12"}
+    assert {c.label for c in ex.load_suite("inclusivefl-proportions").claims} >= {"C1 (1:1:1)", "C1 (1:2:7)"}
