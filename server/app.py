@@ -123,7 +123,8 @@ def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
             **common,  # type: ignore[arg-type]
         )
     beta = cfg.beta if cfg.method == "inclusivefl" else 0.0
-    return InclusiveFL(beta=beta, adam=cfg.fedadam(), **common)  # type: ignore[arg-type]
+    server_adam = cfg.inclusivefl_server_adam if cfg.method == "inclusivefl" else "per-tier"
+    return InclusiveFL(beta=beta, adam=cfg.fedadam(), server_adam=server_adam, **common)  # type: ignore[arg-type]
 
 
 def pfedknow_labeled_set(cfg: RunConfig) -> tuple[Batch, Tensor]:

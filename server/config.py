@@ -134,6 +134,9 @@ class RunConfig(BaseModel):
     pooling: Literal["mean", "cls"] = "mean"
     # InclusiveFL and the server optimizer (FedAdam)
     beta: float = Field(0.2, ge=0.0, le=1.0)
+    #: InclusiveFL's server optimizer: "per-tier" FedAdam then layer averaging (the paper), or
+    #: "shared": average the shared layers' updates first, one FedAdam step (a diagnosis variant)
+    inclusivefl_server_adam: Literal["per-tier", "shared"] = "per-tier"
     server_lr: float = Field(1e-3, gt=0)
     #: co-distillation: one FedAdam eta per pool ("" = server-lr for every pool)
     tier_server_lr: str = ""

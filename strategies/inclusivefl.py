@@ -20,6 +20,14 @@ head.  One round, tiers in increasing depth:
 
 ``beta = 0`` is "InclusiveFL w/o MD".  The math is the pure functions below; the
 :class:`InclusiveFL` strategy only wires them to Flower.
+
+Diagnosis variant (``server_adam = "shared"``, not the paper's): steps 3 and 5 swap for the
+shared tensors -- their updates are averaged over the tiers first (``n_j``-weighted, as in
+step 5) and one FedAdam state takes one step on that mean
+(:func:`shared_adam_round`); isolated layers and heads keep per-tier FedAdam.  With
+per-tier FedAdam every tier's step is normalized to about ``eta`` per coordinate however
+weak its signal, so the count-weighted mean of the steps follows the majority tier; the
+variant weights the *updates* instead.
 """
 
 from __future__ import annotations
@@ -192,6 +200,70 @@ def inclusivefl_round(
     return heterogeneous_average(new_states, shared, counts), new_momenta
 
 
+#: FedAdam state key of the shared tensors in :func:`shared_adam_round`.
+SHARED_ADAM = "__shared__"
+SERVER_ADAM_MODES = ("per-tier", "shared")
+
+
+def shared_adam_round(
+    *,
+    states: Mapping[str, Params],
+    deltas: Mapping[str, Params],
+    counts: Mapping[str, int],
+    depths: Sequence[tuple[str, int]],
+    shared: Mapping[str, set[str]],
+    momenta: Mapping[str, Momentum],
+    adam: Mapping[str, FedAdamState],
+    adam_cfg: FedAdamConfig,
+    beta: float,
+) -> tuple[dict[str, Params], dict[str, Momentum]]:
+    r"""One round of the shared-FedAdam variant (diagnosis; not the paper's Algorithm 1).
+
+    Momentum distillation and the momenta are those of :func:`inclusivefl_round`.  Then, for
+    every shared tensor ``p`` with holders ``H_p`` (tiers whose shared module holds it),
+
+    .. math:: \bar g^p = \frac{\sum_{j \in H_p} n_j g^{j,p}}{\sum_{j \in H_p} n_j}, \qquad
+              \theta^p_{t+1} = \mathrm{FedAdam}_{shared}(\theta^p_t, \bar g^p),
+
+    one step of the state ``adam[SHARED_ADAM]`` for all shared tensors, written to every holder;
+    every other tensor takes its tier's own FedAdam step on ``g^j`` (``adam[tier]``).  The
+    holders' copies of ``theta^p`` are equal (the previous round wrote the same tensor to all).
+    With one tier the result is :func:`inclusivefl_round`'s up to which state holds the moments.
+    """
+    new_states = {v: dict(p) for v, p in states.items()}
+    new_momenta = dict(momenta)
+    blended: dict[str, Params] = {}
+    for i, (tier, depth) in enumerate(depths):
+        if tier not in deltas or counts.get(tier, 0) == 0:
+            continue
+        g = dict(deltas[tier])
+        if i + 1 < len(depths):
+            g = blend_last_layer(g, momenta.get(depths[i + 1][0]), depth, beta)
+        blended[tier] = g
+        own = {k: d for k, d in g.items() if k not in shared.get(tier, set())}
+        if own:
+            new_states[tier] = fedadam_step(states[tier], own, adam[tier], adam_cfg)
+        if i > 0:
+            new_momenta[tier] = layer_momentum(g, depths[i - 1][1], depth)
+    mean_update: Params = {}
+    source: dict[str, str] = {}
+    for name in sorted(set().union(*shared.values())) if shared else []:
+        weighted = [(v, counts[v]) for v in blended if name in shared.get(v, set()) and name in blended[v]]
+        total = sum(n for _, n in weighted)
+        if total == 0:
+            continue
+        mean_update[name] = _weighted_sum(blended, name, weighted, total)
+        source[name] = weighted[0][0]
+    if mean_update:
+        params = {name: states[source[name]][name] for name in mean_update}
+        stepped = fedadam_step(params, mean_update, adam[SHARED_ADAM], adam_cfg)
+        for name, value in stepped.items():
+            for v in new_states:
+                if name in shared.get(v, set()):
+                    new_states[v][name] = value
+    return new_states, new_momenta
+
+
 class InclusiveFL(HeterogeneousStrategy):
     """InclusiveFL on Flower (and, with one variant, the FedAdam baselines).
 
@@ -206,20 +278,34 @@ class InclusiveFL(HeterogeneousStrategy):
         Momentum-distillation factor (0 = InclusiveFL w/o MD).
     adam : FedAdamConfig
         Server optimizer hyper-parameters (one state per tier).
+    server_adam : {"per-tier", "shared"}
+        ``"per-tier"``: the paper's FedAdam per tier, then layer-wise averaging;
+        ``"shared"``: the diagnosis variant :func:`shared_adam_round`.
     **kwargs
         Passed to :class:`~strategies.base.HeterogeneousStrategy`.
 
     """
 
     def __init__(
-        self, *, catalog: VariantCatalog, beta: float = 0.2, adam: FedAdamConfig | None = None, **kwargs: object
+        self,
+        *,
+        catalog: VariantCatalog,
+        beta: float = 0.2,
+        adam: FedAdamConfig | None = None,
+        server_adam: str = "per-tier",
+        **kwargs: object,
     ) -> None:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
+        if server_adam not in SERVER_ADAM_MODES:
+            raise ValueError(f"server_adam must be one of {SERVER_ADAM_MODES}, got {server_adam!r}")
         super().__init__(catalog=catalog, **kwargs)  # type: ignore[arg-type]
         self.beta = beta
         self.adam_cfg = adam or FedAdamConfig()
+        self.server_adam = server_adam
         self.adam = {v.name: FedAdamState() for v in catalog}
+        if server_adam == "shared":
+            self.adam[SHARED_ADAM] = FedAdamState()
         self.momenta: dict[str, Momentum] = {}
         self.depths = [(v.name, v.depth) for v in catalog]
         self.shared = tier_shared_names(catalog)
@@ -229,8 +315,9 @@ class InclusiveFL(HeterogeneousStrategy):
     ) -> None:
         """Turn mean client weights into updates (in place: the means are the round's); :func:`inclusivefl_round`."""
         deltas = {v: {k: t.sub_(self.state[v][k]) for k, t in m.items()} for v, m in means.items()}
+        round_fn = shared_adam_round if self.server_adam == "shared" else inclusivefl_round
         with torch.no_grad():
-            self.state, self.momenta = inclusivefl_round(
+            self.state, self.momenta = round_fn(
                 states=self.state,
                 deltas=deltas,
                 counts=counts,

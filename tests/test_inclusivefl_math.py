@@ -10,11 +10,13 @@ from flwr.serverapp.strategy import FedAdam
 
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.inclusivefl import (
+    SHARED_ADAM,
     InclusiveFL,
     blend_last_layer,
     heterogeneous_average,
     inclusivefl_round,
     layer_momentum,
+    shared_adam_round,
     split_layer_key,
     tier_shared_names,
 )
@@ -207,3 +209,47 @@ def test_single_tier_strategy_matches_flower_fedadam() -> None:
         flower_arrays = new_arrays
         for k, a in flower_arrays.items():
             np.testing.assert_allclose(ours.state["only"][k].numpy(), a.numpy(), rtol=0, atol=1e-6)
+
+
+def test_shared_adam_variant_steps_the_count_weighted_mean_update_once() -> None:
+    cat = toy_catalog(DEPTHS)
+    states = constant_state(cat, 1.0)
+    deltas = {
+        v: {k: torch.full((2,), 0.1 * (i + 1)) + 0.01 * j for j, k in enumerate(states[v])} for i, v in enumerate("abc")
+    }
+    counts = {"a": 3, "b": 1, "c": 0}  # c not sampled: its moments and tensors stay
+    adam = {v: FedAdamState() for v in (*"abc", SHARED_ADAM)}
+    cfg = FedAdamConfig(eta=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3)
+    shared = tier_shared_names(cat)
+    new, momenta = shared_adam_round(
+        states=states, deltas=deltas, counts=counts, depths=list(DEPTHS.items()), shared=shared,
+        momenta={}, adam=adam, adam_cfg=cfg, beta=0.0,
+    )  # fmt: skip
+    # a shared tensor held by a and b: one FedAdam step on (3 g_a + 1 g_b) / 4
+    name = L.format(0)
+    assert name in shared["a"] and name in shared["b"]
+    mean = (3 * deltas["a"][name] + deltas["b"][name]) / 4
+    want = fedadam_step({name: states["a"][name]}, {name: mean}, FedAdamState(), cfg)[name]
+    for v in "abc":  # written to every holder, c included (it holds the tensor, trained or not)
+        assert torch.allclose(new[v][name], want, atol=0, rtol=0)
+    # b's isolated last layer and head: b's own FedAdam step on g_b
+    iso = L.format(2)
+    assert iso not in shared["b"]
+    assert torch.equal(new["b"][iso], fedadam_step(states["b"], deltas["b"], FedAdamState(), cfg)[iso])
+    assert adam[SHARED_ADAM].step == 1 and adam["a"].step == 1 and adam["c"].step == 0
+    assert torch.equal(new["c"]["classifier.weight"], states["c"]["classifier.weight"])
+    assert "c" not in momenta
+
+
+def test_shared_adam_variant_with_one_tier_is_plain_fedadam() -> None:
+    cat = toy_catalog({"c": 4})
+    states = constant_state(cat, 1.0)
+    deltas = {"c": {k: torch.full((2,), 0.05 * (j + 1)) for j, k in enumerate(states["c"])}}
+    cfg = FedAdamConfig(eta=0.1, tau=1e-3)
+    new, _ = shared_adam_round(
+        states=states, deltas=deltas, counts={"c": 2}, depths=[("c", 4)], shared=tier_shared_names(cat),
+        momenta={}, adam={"c": FedAdamState(), SHARED_ADAM: FedAdamState()}, adam_cfg=cfg, beta=0.2,
+    )  # fmt: skip
+    want = fedadam_step(states["c"], deltas["c"], FedAdamState(), cfg)
+    for k in want:
+        assert torch.allclose(new["c"][k], want[k], atol=0, rtol=0)
