@@ -267,7 +267,7 @@ TEXT = {
         ({"tiers": "a:b", "tier-layers": "1:2", "tier-proportions": "1:1"}, "'tiers'"),
         ({"model": "preresnet18"}, "'model'"),
         ({"pfedknow-init-lr": 0.0}, "'pfedknow-init-lr'"),
-        ({"server-test-size": 0}, "'server-test-size'"),
+        ({"pfedknow-labeled-size": 0}, "pfedknow-labeled-size"),
     ],
 )
 def test_invalid_text_settings_name_the_key(override: dict[str, object], key: str) -> None:
