@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
 from typing import Any
@@ -196,6 +196,39 @@ def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[f
 
 
 # --- server training loops ----------------------------------------------------------------------
+
+
+def personalization_split(accuracies: Mapping[str, float], personalized: Set[str]) -> dict[str, float]:
+    r"""Mean accuracy of the clients evaluated on their own model and of those still on ``w_s'``.
+
+    pFedKnow's federated metric averages every client's accuracy on its own test data, but a
+    client no round has sampled yet is evaluated on the server's initial model ``w_s'`` (seed 002,
+    Algorithm 1: ``w_s^k`` exists only after client ``k``'s first upload).  With partial
+    participation the mean therefore mixes two populations; this splits it:
+    ``fed-accuracy-personalized = mean_{k in P} acc_k`` and ``fed-accuracy-initial =
+    mean_{k not in P} acc_k`` (each only when its set is non-empty), plus their sizes.
+
+    Parameters
+    ----------
+    accuracies : Mapping[str, float]
+        Per client (stable key) its accuracy this round.
+    personalized : Set[str]
+        Keys of the clients that hold a personalized model.
+
+    Returns
+    -------
+    dict[str, float]
+        ``fed-accuracy-personalized`` / ``fed-accuracy-initial`` (means) and
+        ``clients-personalized`` / ``clients-initial`` (counts, as floats).
+    """
+    own = [a for k, a in accuracies.items() if k in personalized]
+    initial = [a for k, a in accuracies.items() if k not in personalized]
+    out = {"clients-personalized": float(len(own)), "clients-initial": float(len(initial))}
+    if own:
+        out["fed-accuracy-personalized"] = sum(own) / len(own)
+    if initial:
+        out["fed-accuracy-initial"] = sum(initial) / len(initial)
+    return out
 
 
 def index_batches(n: int, *, steps: int, batch_size: int, seed: int) -> list[Tensor]:
@@ -789,7 +822,8 @@ class PFedKnow(HeterogeneousStrategy):
         out = super().aggregate_evaluate(server_round, replies) or MetricRecord()
         r = self.global_round(server_round)
         sent = self._by_message_id(self._sent_eval)
-        accs = []
+        accs: list[float] = []
+        by_key: dict[str, float] = {}
         group = self.report(r).group(self.variant)
         for reply in replies:
             rec = sent.get(reply.metadata.reply_to_message_id)
@@ -802,11 +836,23 @@ class PFedKnow(HeterogeneousStrategy):
             except ReplyRejected:
                 continue
             accs.append(acc)
+            by_key[self.node_key(rec.node_id)] = acc
             group[f"fed-accuracy:{self.node_key(rec.node_id)}"] = acc
         if accs:
             group["fed-accuracy-mean"] = sum(accs) / len(accs)
             out[f"{self.variant}/fed-accuracy-mean"] = group["fed-accuracy-mean"]
+        if self.mode.aggregation != "fedavg":
+            for name, value in personalization_split(by_key, self.personalized_keys()).items():
+                group[name] = value
         return out
+
+    def personalized_keys(self) -> set[str]:
+        """Clients whose evaluated model is their own (they uploaded at least once), not ``w_s'``."""
+        if self.mode.aggregation == "collaborative":
+            return set(self.personal)
+        if self.mode.aggregation == "zero-average":
+            return set(self.masks)
+        return set()
 
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
         """Every client's personalized model (the global one before any client trained)."""

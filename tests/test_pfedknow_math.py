@@ -33,7 +33,7 @@ from models.sparse import (
     to_wire,
     unpack_parts,
 )
-from strategies.pfedknow import collaborative_loss, helper_weights, weighted_average
+from strategies.pfedknow import collaborative_loss, helper_weights, personalization_split, weighted_average
 
 # --- uncertainty --------------------------------------------------------------------------------
 
@@ -329,3 +329,22 @@ def test_malformed_wire_framing_is_rejected(case: str) -> None:
     WIRE_MALFORMED[case](wire)
     with pytest.raises(SparsePayloadError):
         decode_payload(unpack_parts(wire, shapes), shapes)
+
+
+# --- personalized vs initial-model clients in the federated metric ----------------------------
+
+
+def test_personalization_split_exact() -> None:
+    accs = {"a": 0.5, "b": 0.75, "c": 1.0}
+    assert personalization_split(accs, {"a", "c"}) == {
+        "clients-personalized": 2.0,
+        "clients-initial": 1.0,
+        "fed-accuracy-personalized": 0.75,
+        "fed-accuracy-initial": 0.75,
+    }
+    # nobody personalized yet: only the initial-model mean
+    assert personalization_split({"a": 0.25}, set()) == {
+        "clients-personalized": 0.0,
+        "clients-initial": 1.0,
+        "fed-accuracy-initial": 0.25,
+    }

@@ -56,6 +56,8 @@ def test_pfedknow_simulation_with_unlabeled_clients(tmp_path: Path) -> None:
         # the personalized models' accuracy on every client's local test split
         assert {k.partition(":")[2] for k in g if k.startswith("fed-accuracy:")} == keys
         assert math.isfinite(g["fed-accuracy-mean"]) and 0.0 <= g["fed-accuracy-mean"] <= 1.0
+        # every client trained in round 1, so none is still evaluated on the initial w_s'
+        assert g["clients-personalized"] == 4.0 and "fed-accuracy-initial" not in g
         assert 0.0 <= g["local-accuracy"] <= 1.0  # mean of the personal models on the server test set
     # progressive pruning: round 2 prunes more and uploads less than round 1
     g1, g2 = rows[1]["tiers"]["iot"], rows[2]["tiers"]["iot"]
