@@ -220,6 +220,7 @@ def personalization_split(accuracies: Mapping[str, float], personalized: Set[str
     dict[str, float]
         ``fed-accuracy-personalized`` / ``fed-accuracy-initial`` (means) and
         ``clients-personalized`` / ``clients-initial`` (counts, as floats).
+
     """
     own = [a for k, a in accuracies.items() if k in personalized]
     initial = [a for k, a in accuracies.items() if k not in personalized]
