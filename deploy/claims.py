@@ -134,6 +134,8 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
             raise ClaimError(f"{at}.direction: expected one of {DIRECTIONS}, got {claim.direction!r}")
         if claim.statistic == "rounds-to-target" and not 0.0 < claim.target <= 1.0:
             raise ClaimError(f"{at}.target: 'rounds-to-target' needs a target accuracy in (0, 1], got {claim.target}")
+        if claim.statistic == "rounds-to-target" and claim.direction != "lower":
+            raise ClaimError(f"{at}.direction: 'rounds-to-target' claims a fewer rounds: set direction = \"lower\"")
         claims.append(claim)
     return tuple(claims)
 
@@ -150,10 +152,16 @@ def rounds_to_target(curve: Mapping[int, float], target: float) -> float:
     .. math:: r_\tau = \min \{ r : \mathrm{curve}[r] \ge \tau \}
 
     A run that never reaches the target is censored at :math:`+\infty` (it took more rounds than
-    the run had); :func:`paired_difference` reports such a pair as not comparable.
+    the run had); :func:`paired_difference` counts such a seed against the row that missed it.
     """
     reached = [r for r, v in curve.items() if v >= target]
     return float(min(reached)) if reached else math.inf
+
+
+def best_value(curve: Mapping[int, float]) -> float:
+    """Best value over the measured rounds, ``max_r curve[r]`` over the non-NaN ones (NaN if none)."""
+    measured = [v for v in curve.values() if not math.isnan(v)]
+    return max(measured) if measured else math.nan
 
 
 def claim_statistic(curve: Mapping[int, float], claim: Claim) -> float:
@@ -161,19 +169,31 @@ def claim_statistic(curve: Mapping[int, float], claim: Claim) -> float:
     if claim.statistic == "final":
         return curve[max(curve)]
     if claim.statistic == "best":
-        return max(curve.values())
+        return best_value(curve)
     return rounds_to_target(curve, claim.target)
+
+
+def unmeasured(value: float, claim: Claim) -> bool:
+    """Whether a run's statistic has no magnitude: NaN (diverged) or, for rounds, never reached."""
+    return math.isnan(value) or (claim.statistic == "rounds-to-target" and math.isinf(value))
 
 
 @dataclass(frozen=True)
 class PairedDifference:
-    """``a - b`` per common seed, with mean and standard error (NaN below two seeds)."""
+    """``a - b`` per common seed, with mean and standard error (NaN below two seeds).
+
+    ``censored``: seeds left out because b's statistic (or both rows') has no magnitude (a diverged
+    or target-missing b favours a by an unknown amount, so it is dropped, never counted for a);
+    ``against``: seeds where only a's has none (a diverged, or never reached the target b reached),
+    which count against the claim in :func:`verdict`.
+    """
 
     seeds: tuple[int, ...]
     differences: tuple[float, ...]
     mean: float
     se: float
     censored: tuple[int, ...] = ()
+    against: tuple[int, ...] = ()
 
     @property
     def n(self) -> int:
@@ -187,33 +207,39 @@ def paired_difference(results: Sequence[_Run], claim: Claim) -> PairedDifference
     .. math:: \bar d = \frac1n \sum_s d_s, \qquad \mathrm{SE} = \frac{1}{\sqrt n}
               \sqrt{\frac{1}{n-1} \sum_s (d_s - \bar d)^2}
 
-    Seeds where either row lacks the tier's curve are skipped; seeds where a ``rounds-to-target``
-    row never reached the target are listed in ``censored`` and left out of the mean.
+    Seeds where either row lacks the tier's curve are skipped.  A statistic without magnitude
+    (:func:`unmeasured`: NaN, or a target never reached) leaves the seed out of the mean: listed
+    in ``against`` when only a's is unmeasured, else in ``censored``.
     """
     by = {(r.label, r.seed): r for r in results}
-    seeds, diffs, censored = [], [], []
+    seeds, diffs, censored, against = [], [], [], []
     for seed in sorted({s for (label, s) in by if label == claim.a} & {s for (label, s) in by if label == claim.b}):
         ca, cb = by[(claim.a, seed)].curves.get(claim.tier), by[(claim.b, seed)].curves.get(claim.b_tier)
         if not ca or not cb:
             continue
-        d = claim_statistic(ca, claim) - claim_statistic(cb, claim)
-        if math.isfinite(d):
-            seeds.append(seed)
-            diffs.append(d)
-        else:
+        sa, sb = claim_statistic(ca, claim), claim_statistic(cb, claim)
+        if unmeasured(sa, claim) and not unmeasured(sb, claim):
+            against.append(seed)
+        elif unmeasured(sa, claim) or unmeasured(sb, claim):
             censored.append(seed)
+        else:
+            seeds.append(seed)
+            diffs.append(sa - sb)
     n = len(diffs)
     mean = math.fsum(diffs) / n if n else math.nan
     se = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1)) / math.sqrt(n) if n > 1 else math.nan
-    return PairedDifference(tuple(seeds), tuple(diffs), mean, se, tuple(censored))
+    return PairedDifference(tuple(seeds), tuple(diffs), mean, se, tuple(censored), tuple(against))
 
 
 def verdict(diff: PairedDifference, direction: str) -> Verdict:
     r"""``held`` when :math:`n \ge 3` and the signed mean clears :math:`2\,\mathrm{SE}` in ``direction``.
 
     Signed mean :math:`m = \bar d` ("higher") or :math:`-\bar d` ("lower"); held iff
-    :math:`m > 0` and :math:`m \ge 2\,\mathrm{SE}`.
+    :math:`m > 0` and :math:`m \ge 2\,\mathrm{SE}`.  Any seed in ``against`` (a diverged, or missed
+    a target b reached) makes it "not held".
     """
+    if diff.against:
+        return "not held"
     if diff.n < MIN_SEEDS:
         return "too few seeds"
     signed = diff.mean if direction == "higher" else -diff.mean
@@ -230,8 +256,11 @@ def claims_markdown(claims: Sequence[Claim], results: Sequence[_Run], *, digits:
         d = paired_difference(results, c)
         stat = c.statistic if c.statistic != "rounds-to-target" else f"rounds to {c.target:g}"
         value = "—" if d.n == 0 else (f"{d.mean:+.{digits}f}" + ("" if math.isnan(d.se) else f" ± {d.se:.{digits}f}"))
+        missed = "target not reached" if c.statistic == "rounds-to-target" else "diverged"
+        if d.against:
+            value += f" (a {missed}: seeds {', '.join(map(str, d.against))})"
         if d.censored:
-            value += f" (target not reached: seeds {', '.join(map(str, d.censored))})"
+            value += f" (b or both {missed}, left out: seeds {', '.join(map(str, d.censored))})"
         want = "a higher" if c.direction == "higher" else "a lower"
         tier = c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}"
         lines.append(

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from deploy.claims import Claim, ClaimError, claims_markdown, parse_claims
+from deploy.claims import Claim, ClaimError, best_value, claims_markdown, parse_claims
 from deploy.launch import (
     ROOT,
     check_gpus_per_client,
@@ -438,11 +438,6 @@ def final_value(curve: Mapping[int, float]) -> float:
     return curve[max(curve)]
 
 
-def best_value(curve: Mapping[int, float]) -> float:
-    """Best value over all measured rounds: ``max_r curve[r]``."""
-    return max(curve.values())
-
-
 def rounds_to_best(curve: Mapping[int, float]) -> float:
     r"""First round that reaches the curve's best value.
 
@@ -452,7 +447,7 @@ def rounds_to_best(curve: Mapping[int, float]) -> float:
     Returned as a float so it averages like the other statistics.
     """
     best = best_value(curve)
-    return float(min(r for r, v in curve.items() if v == best))
+    return float(min(r for r, v in curve.items() if v == best)) if not math.isnan(best) else math.nan
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:

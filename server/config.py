@@ -271,6 +271,11 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
+        if self.inclusivefl_server_adam == "shared" and self.method != "inclusivefl":
+            raise ValueError(
+                f"run config 'inclusivefl-server-adam': 'shared' changes InclusiveFL's server step only; "
+                f"method {self.method!r} does not use it (set it to 'per-tier' or method = 'inclusivefl')"
+            )
         if self.is_architectures:
             if self.method not in FLEXIFED_MODES:
                 raise ValueError(

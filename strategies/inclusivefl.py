@@ -229,6 +229,9 @@ def shared_adam_round(
     every other tensor takes its tier's own FedAdam step on ``g^j`` (``adam[tier]``).  The
     holders' copies of ``theta^p`` are equal (the previous round wrote the same tensor to all).
     With one tier the result is :func:`inclusivefl_round`'s up to which state holds the moments.
+    The shared state has one step counter: it advances every round that updates any shared tensor,
+    so a tensor whose holders were all unsampled that round keeps its moments while its bias
+    correction moves on (as a tier's own state does for that tier's tensors).
     """
     new_states = {v: dict(p) for v, p in states.items()}
     new_momenta = dict(momenta)

@@ -10,6 +10,7 @@ from deploy.claims import (
     Claim,
     ClaimError,
     PairedDifference,
+    claim_statistic,
     claims_markdown,
     paired_difference,
     parse_claims,
@@ -64,7 +65,41 @@ def test_rounds_to_target_and_censoring() -> None:
     d = paired_difference(results, claim)
     assert d.differences == (-1.0,) and d.censored == (2,) and math.isnan(d.se)
     table = claims_markdown([claim], results)
-    assert "rounds to 0.7 (a lower)" in table and "target not reached: seeds 2" in table and "too few seeds" in table
+    assert "rounds to 0.7 (a lower)" in table and "left out: seeds 2" in table and "too few seeds" in table
+
+
+def test_a_seed_where_only_a_fails_counts_against_the_claim() -> None:
+    # three seeds where a is faster by 1-2 rounds, and seed 4 where a never reaches the target b
+    # reached in round 1: without that seed the claim would hold
+    claim = Claim("C3", "momentum is faster", "m", "plain", "strong", statistic="rounds-to-target",
+                  direction="lower", target=0.7)  # fmt: skip
+    fast = [run("m", s, {0: 0.5, 1: 0.7}) for s in (1, 2, 3)] + [
+        run("plain", s, {0: 0.5, 1: 0.6, 3: 0.7}) for s in (1, 2)
+    ]
+    fast += [run("plain", 3, {0: 0.5, 2: 0.7})]
+    assert verdict(paired_difference(fast, claim), "lower") == "held"  # d = -2, -2, -1
+    missed = [*fast, run("m", 4, {0: 0.5, 1: 0.6}), run("plain", 4, {0: 0.5, 1: 0.8})]
+    d = paired_difference(missed, claim)
+    assert d.against == (4,) and d.n == 3 and verdict(d, "lower") == "not held"
+    assert "(a target not reached: seeds 4)" in claims_markdown([claim], missed)
+    # a diverged run (NaN final) of row a counts against the claim, one of row b is left out
+    results = [run("incl", s, {5: 0.9}) for s in (1, 2, 3)] + [run("excl", s, {5: 0.7 + 0.01 * s}) for s in (1, 2, 3)]
+    assert verdict(paired_difference(results, CLAIM), "higher") == "held"
+    nan_a = [*results, run("incl", 4, {5: math.nan}), run("excl", 4, {5: 0.7})]
+    assert (
+        paired_difference(nan_a, CLAIM).against == (4,)
+        and verdict(paired_difference(nan_a, CLAIM), "higher") == "not held"
+    )
+    nan_b = [*results, run("incl", 4, {5: 0.9}), run("excl", 4, {5: math.nan})]
+    d = paired_difference(nan_b, CLAIM)
+    assert d.censored == (4,) and d.n == 3 and verdict(d, "higher") == "held"
+
+
+def test_best_ignores_nan_rounds_wherever_they_are() -> None:
+    best = Claim("C", "t", "a", "b", "strong", statistic="best")
+    assert claim_statistic({1: math.nan, 2: 0.6, 3: 0.5}, best) == 0.6
+    assert claim_statistic({1: 0.6, 2: math.nan}, best) == 0.6
+    assert math.isnan(claim_statistic({1: math.nan}, best))
 
 
 def test_claims_markdown_exact_row() -> None:
@@ -85,6 +120,7 @@ def test_parse_claims_rejects_malformed_entries() -> None:
         ({**ok, "statistic": "median"}, "statistic"),
         ({**ok, "direction": "up"}, "direction"),
         ({**ok, "statistic": "rounds-to-target"}, "target"),
+        ({**ok, "statistic": "rounds-to-target", "target": 0.7}, "direction"),
         ({**ok, "colour": "red"}, "unknown keys"),
         ({k: v for k, v in ok.items() if k != "tier"}, "'tier'"),
     ):

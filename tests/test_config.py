@@ -15,6 +15,7 @@ from server.app import build_strategy
 from server.config import ConfigError, RunConfig
 from strategies.codistill import CoDistillation
 from strategies.flexifed import FlexiFed
+from strategies.inclusivefl import InclusiveFL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,3 +206,12 @@ def test_tier_server_lr_sets_each_pools_eta_and_fails_naming_the_key() -> None:
             RunConfig.from_flower({**base, "tier-server-lr": value})
     with pytest.raises(ConfigError, match=r"'tier-server-lr'.*only co-distillation.*'heterofl' takes 'server-lr'"):
         RunConfig.from_flower({**pyproject_config(), "method": "heterofl", "tier-server-lr": "0.1:0.1:0.1"})
+
+
+def test_inclusivefl_server_adam_reaches_the_strategy_and_only_inclusivefl() -> None:
+    base = {**pyproject_config(), "model": "tiny", "method": "inclusivefl"}
+    for value in ("per-tier", "shared"):
+        strategy = build_strategy(RunConfig.from_flower({**base, "inclusivefl-server-adam": value}))
+        assert isinstance(strategy, InclusiveFL) and strategy.server_adam == value
+    with pytest.raises(ConfigError, match=r"'inclusivefl-server-adam'.*'per-tier'"):
+        RunConfig.from_flower({**base, "method": "exclusive", "inclusivefl-server-adam": "shared"})
