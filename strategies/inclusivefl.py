@@ -231,7 +231,7 @@ def shared_adam_round(
     With one tier the result is :func:`inclusivefl_round`'s up to which state holds the moments.
     The shared state has one step counter: it advances every round that updates any shared tensor,
     so a tensor whose holders were all unsampled that round keeps its moments while its bias
-    correction moves on (as a tier's own state does for that tier's tensors).
+    correction moves on.
     """
     new_states = {v: dict(p) for v, p in states.items()}
     new_momenta = dict(momenta)
