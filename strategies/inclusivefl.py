@@ -186,7 +186,30 @@ def inclusivefl_round(
         New per-tier parameters and ``m_t`` per tier.
 
     """
+    blended, new_momenta = distilled_updates(deltas, counts, depths, momenta, beta)
     new_states = {v: dict(p) for v, p in states.items()}
+    for tier, g in blended.items():
+        new_states[tier] = fedadam_step(states[tier], g, adam[tier], adam_cfg)
+    return heterogeneous_average(new_states, shared, counts), new_momenta
+
+
+def distilled_updates(
+    deltas: Mapping[str, Params],
+    counts: Mapping[str, int],
+    depths: Sequence[tuple[str, int]],
+    momenta: Mapping[str, Momentum],
+    beta: float,
+) -> tuple[dict[str, Params], dict[str, Momentum]]:
+    r"""Every trained tier's update after momentum distillation, and the new momenta ``m_t``.
+
+    For tier ``j`` (in increasing depth) with ``n_j > 0``: ``g^j`` is its mean client update with
+    its top layer blended with the next deeper tier's previous momentum (:func:`blend_last_layer`,
+    ``beta``); ``m_t^j`` is :func:`layer_momentum` of that blended update over the layers it has
+    beyond the next shallower tier.  Untrained tiers are absent from the updates and keep
+    ``m_{t-1}^j``.  Shared by :func:`inclusivefl_round` and :func:`shared_adam_round`, which differ
+    only in how the blended updates are applied.
+    """
+    blended: dict[str, Params] = {}
     new_momenta = dict(momenta)
     for i, (tier, depth) in enumerate(depths):
         if tier not in deltas or counts.get(tier, 0) == 0:
@@ -194,10 +217,10 @@ def inclusivefl_round(
         g = dict(deltas[tier])
         if i + 1 < len(depths):
             g = blend_last_layer(g, momenta.get(depths[i + 1][0]), depth, beta)
-        new_states[tier] = fedadam_step(states[tier], g, adam[tier], adam_cfg)
+        blended[tier] = g
         if i > 0:
             new_momenta[tier] = layer_momentum(g, depths[i - 1][1], depth)
-    return heterogeneous_average(new_states, shared, counts), new_momenta
+    return blended, new_momenta
 
 
 #: FedAdam state key of the shared tensors in :func:`shared_adam_round`.
@@ -233,21 +256,12 @@ def shared_adam_round(
     so a tensor whose holders were all unsampled that round keeps its moments while its bias
     correction moves on.
     """
+    blended, new_momenta = distilled_updates(deltas, counts, depths, momenta, beta)
     new_states = {v: dict(p) for v, p in states.items()}
-    new_momenta = dict(momenta)
-    blended: dict[str, Params] = {}
-    for i, (tier, depth) in enumerate(depths):
-        if tier not in deltas or counts.get(tier, 0) == 0:
-            continue
-        g = dict(deltas[tier])
-        if i + 1 < len(depths):
-            g = blend_last_layer(g, momenta.get(depths[i + 1][0]), depth, beta)
-        blended[tier] = g
+    for tier, g in blended.items():
         own = {k: d for k, d in g.items() if k not in shared.get(tier, set())}
         if own:
             new_states[tier] = fedadam_step(states[tier], own, adam[tier], adam_cfg)
-        if i > 0:
-            new_momenta[tier] = layer_momentum(g, depths[i - 1][1], depth)
     mean_update: Params = {}
     source: dict[str, str] = {}
     for name in sorted(set().union(*shared.values())) if shared else []:
