@@ -9,9 +9,10 @@ its messages, every sampled client runs :func:`client.pfedknow.pfedknow_round` o
 partition, and the replies (Flower ``RecordDict`` contents; only the message envelope is a stand-in)
 go through the strategy's real validation and aggregation.  After every round each client's
 personalized model is evaluated on the client's local test split.  Prints one JSON line per
-method and round (mean accuracy over all clients, split into the clients trained at least once
--- ``acc-personalized`` -- and those still on the server's initial model ``w_s'`` --
-``acc-initial``; upload saving, pseudo-labels kept, ...), then a
+method and round (mean accuracy over all clients, split as the strategy's federated metric is by
+:func:`strategies.pfedknow.personalization_split` into clients evaluated on their own model --
+``fed-accuracy-personalized`` -- and clients still on the server's initial model ``w_s'`` --
+``fed-accuracy-initial``; upload saving, pseudo-labels kept, ...), then a
 ``RESULT`` line per method.  Used for the README's pFedKnow table when the Ray simulation was
 not available; ``python -m deploy.experiments pfedknow-table3`` runs the same comparison in Flower.
 """
@@ -37,7 +38,7 @@ from server.app import build_strategy
 from server.config import RunConfig
 from strategies.base import NodeProfile
 from strategies.codistill import batch_size_of
-from strategies.pfedknow import PFedKnow
+from strategies.pfedknow import PFedKnow, personalization_split
 
 TaskIdentity._run_id = 1  # type: ignore[attr-defined]
 TaskIdentity._node_id = 0  # type: ignore[attr-defined]
@@ -69,7 +70,6 @@ def run(path: str, method: str, num_clients: int = 10, overrides: dict[str, Any]
             pid + 1, "iot", 1000.0, len(train), False, variant.name, "", key=f"partition-{pid}"
         )
     rows: list[dict[str, Any]] = []
-    personalized: set[int] = set()  # partitions trained at least once (the rest are still on w_s')
     t0 = time.time()
     for r in range(1, cfg.num_server_rounds + 1):
         if not s.initialized:
@@ -89,7 +89,6 @@ def run(path: str, method: str, num_clients: int = 10, overrides: dict[str, Any]
         for i, rec in enumerate(s._sent_train.values()):
             rec.message.metadata.__dict__["_message_id"] = f"r{r}-{i}"
             pid = rec.node_id - 1
-            personalized.add(pid)
             arrays = rec.message.content.array_records["arrays"]
             cfgrec = rec.message.content.config_records["config"]
             payload = {k: np.asarray(a.numpy()) for k, a in arrays.items()}
@@ -126,14 +125,13 @@ def run(path: str, method: str, num_clients: int = 10, overrides: dict[str, Any]
             _, acc, _ = evaluate_classifier(family.for_evaluation(model, train_loader), test_loader)
             accs.append(acc)
         g = s.report(r).groups[variant.name]
-        initial = [a for pid, a in enumerate(accs) if pid not in personalized]
         rows.append(
             {
                 "round": r,
                 "acc-mean": float(np.mean(accs)),
-                "acc-personalized": float(np.mean([accs[pid] for pid in sorted(personalized)])),
-                "acc-initial": float(np.mean(initial)) if initial else None,
-                "clients-personalized": len(personalized),
+                **personalization_split(
+                    {f"partition-{pid}": acc for pid, acc in enumerate(accs)}, s.personalized_keys()
+                ),
                 "upload-saving": g.get("upload-saving"),
                 "payload-saving": g.get("payload-saving"),
                 "bytes-up": g.get("bytes-up"),
