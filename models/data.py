@@ -28,6 +28,7 @@ import csv
 import importlib.util
 import io
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -346,6 +347,10 @@ def num_labels(spec: DataSpec) -> int:
     return int(max(train["label"])) + 1
 
 
+#: Fewest examples a Dirichlet partition may hold (flwr-datasets redraws until every one has them).
+DIRICHLET_MIN_PARTITION_SIZE = 2
+
+
 def make_partitioner(spec: DataSpec, num_partitions: int) -> Partitioner:
     """flwr-datasets partitioner for ``spec`` over ``num_partitions`` clients."""
     if spec.partitioner == "iid":
@@ -356,17 +361,58 @@ def make_partitioner(spec: DataSpec, num_partitions: int) -> Partitioner:
             partition_by="label",
             alpha=spec.dirichlet_alpha,
             seed=spec.seed,
-            min_partition_size=2,
+            min_partition_size=DIRICHLET_MIN_PARTITION_SIZE,
         )
     raise DataError(f"unknown partitioner {spec.partitioner!r} (expected 'iid' or 'dirichlet')")
 
 
 @lru_cache(maxsize=2)
 def _partitioner(spec: DataSpec, num_partitions: int) -> Partitioner:
+    """The drawn partitioner of ``spec`` over ``num_partitions`` clients (a pure function of both).
+
+    The draw happens here, eagerly, not at the first ``load_partition``: flwr-datasets draws a
+    Dirichlet partitioning lazily from a generator seeded once per partitioner, and a draw that
+    gives up leaves that generator advanced, so a second ``load_partition`` on the same object
+    would draw a *different* partitioning. A failed draw raises :class:`DataError` and, since
+    ``lru_cache`` keeps no exceptions, every later call starts again from ``spec.seed`` and fails
+    the same way: every process (Ray actor, SuperNode, forked ClientApp) gets the same
+    partitions for the same configuration, whatever it loaded before.
+    """
     train, _ = load_splits(spec)
     part = make_partitioner(spec, num_partitions)
     part.dataset = train.shuffle(seed=spec.seed)
+    try:
+        with warnings.catch_warnings():
+            # its per-attempt "min_partition_size was not satisfied" warnings: a draw that
+            # succeeds needs none of them, and one that gives up raises the error below
+            warnings.filterwarnings("ignore", message="The specified min_partition_size", category=UserWarning)
+            part.load_partition(0)
+    except ValueError as exc:
+        raise DataError(partition_draw_failure(spec, num_partitions, len(train), exc)) from exc
     return part
+
+
+def partition_draw_failure(spec: DataSpec, num_partitions: int, num_examples: int, exc: Exception) -> str:
+    """The error text of a partitioning that cannot be drawn, naming the keys that fix it."""
+    if spec.partitioner == "dirichlet":
+        return (
+            f"partitioner = 'dirichlet' with dirichlet-alpha = {spec.dirichlet_alpha:g} cannot split "
+            f"{num_examples} training examples over {num_partitions} clients with at least "
+            f"{DIRICHLET_MIN_PARTITION_SIZE} examples each ({exc}); raise dirichlet-alpha (e.g. "
+            f"{max(2 * spec.dirichlet_alpha, 0.5):g}) or use fewer clients"
+        )
+    return (
+        f"partitioner = {spec.partitioner!r} cannot split {num_examples} training examples over "
+        f"{num_partitions} clients ({exc})"
+    )
+
+
+def check_partitioning(spec: DataSpec, num_partitions: int) -> None:
+    """Draw the partitioning a run would use and raise :class:`DataError` if it cannot be drawn.
+
+    A pre-flight check for launchers: the same draw every client makes (:func:`_partitioner`).
+    """
+    _partitioner(spec, num_partitions)
 
 
 def load_partition(spec: DataSpec, partition_id: int, num_partitions: int) -> tuple[Dataset, Dataset]:

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.data import DataError, DataSpec, load_partition, load_splits, server_test_set
+from models.data import (
+    DataError,
+    DataSpec,
+    _partitioner,
+    check_partitioning,
+    load_partition,
+    load_splits,
+    server_test_set,
+)
 from models.transformer import TransformerSpec, build_model, embedded_model_path
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -68,6 +76,43 @@ def test_local_csv_with_custom_columns_and_dirichlet_partitions(tmp_path: Path) 
     single_train, single_test = load_splits(single)
     assert (len(single_train), len(single_test)) == (51, 9)
     assert len(server_test_set(single)) == 5
+
+
+def test_a_dirichlet_draw_that_gives_up_fails_the_same_way_every_time_naming_dirichlet_alpha(tmp_path: Path) -> None:
+    """Issue 23 item 7: a failed draw is never retried from an advanced random state.
+
+    flwr-datasets' Dirichlet partitioner gives up after 10 draws; its generator is then
+    advanced, so a second ``load_partition`` on the same object used to draw another
+    partitioning (the first node a Ray actor served declined "no local data", the next got
+    data).  Every call now fails with the same error, which names the key and the clients.
+    """
+    _write_csv(tmp_path / "train.csv", 90)
+    _write_csv(tmp_path / "test.csv", 30)
+    spec = DataSpec(
+        dataset=str(tmp_path), text_column="review", label_column="stars", partitioner="dirichlet", dirichlet_alpha=0.05
+    )
+    messages = []
+    for pid in (0, 1, 0):
+        expected = r"dirichlet-alpha = 0\.05 cannot split 90 training examples over 30 clients"
+        with pytest.raises(DataError, match=expected) as err:
+            load_partition(spec, pid, 30)
+        messages.append(str(err.value))
+    assert len(set(messages)) == 1 and "raise dirichlet-alpha" in messages[0]
+    with pytest.raises(DataError, match="dirichlet-alpha"):
+        check_partitioning(spec, 30)
+
+
+def test_partitions_are_a_pure_function_of_the_configuration(tmp_path: Path) -> None:
+    """The same partition id gets the same examples in a fresh process (cache cleared) as in a warm one."""
+    _write_csv(tmp_path / "train.csv", 300)
+    _write_csv(tmp_path / "test.csv", 60)
+    spec = DataSpec(
+        dataset=str(tmp_path), text_column="review", label_column="stars", partitioner="dirichlet", dirichlet_alpha=0.3
+    )
+    warm = [load_partition(spec, pid, 5)[0]["text"] for pid in range(5)]
+    _partitioner.cache_clear()
+    cold = [load_partition(spec, pid, 5)[0]["text"] for pid in (3, 1, 4, 0, 2)]
+    assert [cold[i] for i in (3, 1, 4, 0, 2)] == warm
 
 
 def test_missing_column_and_unreachable_hub_fail_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
