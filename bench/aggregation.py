@@ -52,6 +52,7 @@ from torch import Tensor
 
 from bench.common import write_report
 from bench.heterofl_aggregation import Timing
+from experiment import registry
 from server.app import build_strategy
 from server.config import RunConfig
 from strategies.base import HeterogeneousStrategy, NodeProfile, Sent
@@ -148,7 +149,7 @@ def _arrays(msg: Message) -> ArrayRecord:
 
 def run_config(model: str, method: str) -> RunConfig:
     """The run configuration of ``method`` on ``model`` (tier memory: every tier fits its variant)."""
-    extra = {"tier-widths": "0.25:0.5:1"} if model == "tiny" and method in ("heterofl", "fedrolex") else {}
+    extra = {"tier-widths": "0.25:0.5:1"} if model == "tiny" and registry.lookup(method).width_tiers else {}
     return RunConfig.model_validate({**MODELS[model], **extra, "method": method})
 
 

@@ -27,7 +27,7 @@ from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
 from models.training import evaluate_classifier, model_device, train_classifier, use_threads
-from server.config import PFEDKNOW_METHODS, RunConfig
+from server.config import RunConfig
 
 app = ClientApp()
 
@@ -219,7 +219,7 @@ def train(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     seed = train_seed(cfg.seed, context, int(msg.content["config"]["server-round"]))  # type: ignore[arg-type, index]
     torch.manual_seed(seed)
-    if cfg.method in PFEDKNOW_METHODS:  # unlabeled client: pseudo-labels, pruning, sparse upload
+    if cfg.entry.client == "unlabeled-pruning":  # pseudo-labels, pruning, sparse upload
         light = cfg.catalog.get(str(msg.content["config"]["variant"]))  # type: ignore[index]
         shapes = {p.name: tuple(p.shape) for p in light.layout}
         return pfedknow_train(

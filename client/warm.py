@@ -63,7 +63,7 @@ from typing import IO, Any
 PRELOAD = ("client.app",)
 #: The project's top-level packages: dropped from the zygote after the preload so that each
 #: ClientApp imports them from its own FAB.
-PROJECT_PACKAGES = frozenset({"client", "models", "server", "strategies", "deploy", "bench", "tests"})
+PROJECT_PACKAGES = frozenset({"client", "experiment", "models", "server", "strategies", "deploy", "bench", "tests"})
 ENABLE_ENV = "HETFL_WARM_EXECUTOR"
 PRELOAD_ENV = "HETFL_WARM_PRELOAD"
 PULL_BACKOFF_ENV = "HETFL_PULL_BACKOFF_S"

@@ -9,10 +9,8 @@ Flower's loop run the remaining ``N - k`` rounds, which the strategy numbers ``k
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -21,24 +19,18 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader
 
-from models.codist import unlabeled_image_crops, unlabeled_images
+from experiment.registry import FactoryNotFound, load_factory
 from models.data import (
     DataSpec,
-    load_splits,
     num_labels,
-    read_guardian_headlines,
-    server_labeled_set,
     server_stats_set,
     server_test_set,
-    text_inputs,
 )
-from models.family import ArchitectureFamily, CNNFamily, TransformerFamily
-from models.images import image_shape, image_tensors, mixed_domains
+from models.images import image_shape
 from models.training import evaluate_classifier, use_threads
-from models.transformer import build_model, full_config, load_tokenizer, resolve_source
 from server.checkpoint import (
     Checkpoint,
     CheckpointIncompatible,
@@ -51,177 +43,28 @@ from server.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from server.config import CODIST_MODES, FLEXIFED_MODES, PFEDKNOW_METHODS, ConfigError, RunConfig
+from server.config import ConfigError, RunConfig
+from server.factories import strategy_options
 from server.results import ResultsWriter, majority_rate
 from strategies.base import HeterogeneousStrategy
-from strategies.baselines import LocalTraining
-from strategies.codistill import Batch, CoDistillation, DistillConfig
-from strategies.flexifed import FlexiFed
-from strategies.heterofl import HeteroFL, WidthRules
-from strategies.inclusivefl import InclusiveFL
-from strategies.pfedknow import MODES as PFEDKNOW_MODES
-from strategies.pfedknow import PFedKnow, PFedKnowSettings, text_mode
+from strategies.heterofl import HeteroFL
 
 app = ServerApp()
 
 
 def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
-    """The strategy for ``cfg.method`` over ``cfg.training_catalog``."""
-    common = {
-        "catalog": cfg.training_catalog,
-        "fraction_train": cfg.fraction_train,
-        "fraction_evaluate": cfg.fraction_evaluate,
-        "min_train_nodes": cfg.min_train_nodes,
-        "min_evaluate_nodes": 1,
-        "min_available_nodes": cfg.min_available_nodes,
-        "assign": "largest" if cfg.method == "all-large" else "choice",
-        "seed": cfg.seed,
-        "clip_update_norm": cfg.clip_bounds,
-        "robust_aggregation": cfg.robust_aggregation,
-    }
-    if cfg.method == "local":
-        return LocalTraining(**common)  # type: ignore[arg-type]
-    family = cfg.family()
-    if cfg.method in CODIST_MODES:
-        return CoDistillation(
-            num_rounds=cfg.num_server_rounds,
-            build_model=lambda pool: family.build(cfg.catalog.get(pool)),
-            distill_data=distillation_inputs(cfg),
-            mode=CODIST_MODES[cfg.method],  # type: ignore[arg-type]
-            alpha=cfg.codist_alpha,
-            period=cfg.codist_period,
-            adam=cfg.fedadam_per_tier(),
-            distill=DistillConfig(
-                steps=cfg.distill_steps,
-                temperature=cfg.distill_temperature,
-                lam=cfg.distill_lambda,
-                lr=cfg.distill_lr,
-                batch_size=cfg.distill_batch_size,
-            ),
-            membership=cfg.codist_membership,
-            device=cfg.torch_device(),
-            **common,  # type: ignore[arg-type]
-        )
-    if cfg.method in FLEXIFED_MODES:
-        assert isinstance(family, ArchitectureFamily | TransformerFamily)
-        return FlexiFed(
-            signatures=family.layers(cfg.catalog),
-            mode=FLEXIFED_MODES[cfg.method],
-            uniform=cfg.flexifed_uniform,
-            share_classifier=cfg.flexifed_share_classifier,
-            **common,  # type: ignore[arg-type]
-        )
-    if cfg.method in PFEDKNOW_METHODS:
-        return pfedknow_strategy(cfg, common)
-    if cfg.uses_width:
-        return HeteroFL(
-            rules=WidthRules(axes=family.width_rules(cfg.catalog)),
-            full=cfg.catalog.largest,
-            rolling=cfg.method == "fedrolex",
-            server_optimizer=cfg.heterofl_server_optimizer,
-            adam=cfg.fedadam(),
-            **common,  # type: ignore[arg-type]
-        )
-    beta = cfg.beta if cfg.method == "inclusivefl" else 0.0
-    server_adam = cfg.inclusivefl_server_adam if cfg.method == "inclusivefl" else "per-tier"
-    return InclusiveFL(beta=beta, adam=cfg.fedadam(), server_adam=server_adam, **common)  # type: ignore[arg-type]
+    """The strategy of ``cfg.method``: its registry entry's factory over ``cfg.training_catalog``.
 
-
-def pfedknow_labeled_set(cfg: RunConfig) -> tuple[Batch, Tensor]:
-    """The pFedKnow server's labeled set ``D_s``: ``pfedknow-labeled-size`` training examples.
-
-    Carved out of the training split before the clients' partitions
-    (:func:`models.data.server_labeled_set`): no client holds them and they are never test or
-    validation examples.  Images: a normalized tensor; text: keyword inputs tokenized like the
-    clients' (truncated at ``max-seq-len``).
+    The entry (:mod:`experiment.registry`) names the factory (:mod:`server.factories`); every
+    factory gets the options all strategies share (:func:`server.factories.strategy_options`).
     """
-    labeled = server_labeled_set(cfg.data_spec())
-    if cfg.image_data:
-        return image_tensors(labeled)
-    tokenizer = load_tokenizer(resolve_source(cfg.model))
-    x = text_inputs([str(t) for t in labeled["text"]], tokenizer, max_length=cfg.max_seq_len)
-    return x, torch.as_tensor(labeled["label"], dtype=torch.long)
-
-
-def pfedknow_settings(cfg: RunConfig) -> PFedKnowSettings:
-    """The strategy's settings from the run config (SemiFL's threshold: ``1 - semifl-confidence``)."""
-    return PFedKnowSettings(
-        target_ratio=cfg.pfedknow_prune_ratio,
-        ramp_rounds=cfg.pfedknow_prune_rounds,
-        delta=1.0 - cfg.semifl_confidence if cfg.method == "semifl" else cfg.pfedknow_delta,
-        l1=cfg.pfedknow_l1,
-        distill_steps=cfg.distill_steps,
-        distill_lr=cfg.distill_lr,
-        distill_batch_size=cfg.distill_batch_size,
-        temperature=cfg.distill_temperature,
-        teacher_steps=cfg.pfedknow_teacher_steps,
-        init_steps=cfg.pfedknow_init_steps,
-        init_lr=cfg.pfedknow_init_lr,
-    )
-
-
-def pfedknow_strategy(cfg: RunConfig, common: Mapping[str, Any]) -> PFedKnow:
-    """Build pFedKnow or an ablation.
-
-    Images: the lightweight ``conv`` CNN under a ``pfedknow-teacher-scale`` wider teacher
-    (random initialization).  Text: a ``tier-layers``-deep student under the full-depth
-    transformer with its pretrained weights (:func:`models.transformer.build_model`), the mode's
-    text version (:func:`strategies.pfedknow.text_mode`).
-    """
-    family = cfg.family()
-    mode = PFEDKNOW_MODES[cfg.method]
-    build_teacher: Callable[[], nn.Module]
-    if isinstance(family, CNNFamily):
-        teacher = dataclasses.replace(
-            family, base=tuple(max(1, round(w * cfg.pfedknow_teacher_scale)) for w in family.base)
+    entry = cfg.entry
+    strategy = load_factory(entry)(cfg, entry, strategy_options(cfg, entry))
+    if not isinstance(strategy, HeterogeneousStrategy):
+        raise FactoryNotFound(
+            f"method {entry.name!r}: factory {entry.strategy!r} returned {type(strategy).__name__}, not a strategy"
         )
-        build_teacher = partial(teacher.at_rate, 1.0)
-    elif isinstance(family, TransformerFamily):
-        spec = family.spec
-        depth = full_config(spec.source, spec.num_labels).num_hidden_layers
-        build_teacher = partial(build_model, spec, depth, pretrained=True)
-        mode = text_mode(mode)
-    else:
-        raise ConfigError(f"run config 'model': pFedKnow has no teacher for {cfg.model!r}")
-    return PFedKnow(
-        mode=mode,
-        build_model=partial(family.build, cfg.catalog.largest),
-        build_teacher=build_teacher,
-        labeled=pfedknow_labeled_set(cfg),
-        settings=pfedknow_settings(cfg),
-        **common,
-    )
-
-
-def distillation_inputs(cfg: RunConfig) -> Batch:
-    """The server's unlabeled distillation set (``distill-size`` examples).
-
-    Images: photo crops (``crops``, out-of-domain) or training images without labels
-    (``in-domain``).  Text: Guardian headlines (``headlines``, out-of-domain) or training
-    texts without labels (``in-domain``), tokenized for the transformer pools.
-    ``out-of-domain`` (the default) picks crops or headlines by the model's data kind.  With
-    several input domains (``tier-domains``) the images are split into equal shares, one per
-    domain (:func:`models.images.mixed_domains`), like the paper's mixed distillation data.
-    """
-    source = cfg.distill_data
-    if source == "out-of-domain":
-        source = "crops" if cfg.image_data else "headlines"
-    if cfg.image_data:
-        if source == "crops":
-            x = unlabeled_image_crops(cfg.distill_size, cfg.image_size, cfg.image_channels, seed=cfg.seed)
-        else:
-            train, _ = load_splits(cfg.data_spec())
-            x = unlabeled_images(train, cfg.distill_size, seed=cfg.seed)
-        return mixed_domains(x, cfg.domains)
-    if source == "headlines":
-        texts = read_guardian_headlines()
-    else:
-        train, _ = load_splits(cfg.data_spec())
-        texts = [str(t) for t in train["text"]]
-    gen = torch.Generator().manual_seed(cfg.seed)
-    keep = torch.randperm(len(texts), generator=gen)[: cfg.distill_size].tolist()
-    tokenizer = load_tokenizer(resolve_source(cfg.model))
-    return text_inputs([texts[i] for i in keep], tokenizer, max_length=cfg.max_seq_len)
+    return strategy
 
 
 class CentralEvaluator:

@@ -18,8 +18,9 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from experiment import registry
 from models import cnn
-from models.architectures import RESNET_BLOCKS, VGG_CONFIGS, architecture_catalog
+from models.architectures import architecture_catalog
 from models.catalog import VariantCatalog
 from models.codist import CODIST_SIZES, CodistFamily, codist_catalog
 from models.codist import FAMILY as CODIST_MODEL
@@ -30,50 +31,21 @@ from models.training import DEVICE_PATTERN, TrainSettings, resolve_device
 from models.transformer import TransformerSpec, depth_catalog, full_config, matched_width_rates, width_catalog
 from strategies.fedadam import FedAdamConfig
 
-Method = Literal[
-    "inclusivefl",
-    "all-large",
-    "all-small",
-    "exclusive",
-    "local",
-    "heterofl",
-    "fedrolex",
-    "flexifed-basic",
-    "flexifed-clustered",
-    "flexifed-max",
-    "clustered-fl",
-    "standalone",
-    "codist-merged",
-    "codist-periodic",
-    "codist-fedavg",
-    "pfedknow",
-    "pfedknow-as1",
-    "pfedknow-as2",
-    "pfedknow-as3",
-    "pfedknow-as4",
-    "semifl",
-]
 #: Methods whose tiers are width variants of the full model instead of depth variants.
-WIDTH_METHODS = ("heterofl", "fedrolex")
-#: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
+WIDTH_METHODS = registry.names(width_tiers=True)
 #: pFedKnow (seed 002), its ablations AS-1..AS-4 and the SemiFL-style baseline: one tier, the model
 #: ``"conv"`` (images: network slimming) or a transformer (text: magnitude pruning, a student of
 #: ``tier-layers`` layers under the full-depth teacher).
-PFEDKNOW_METHODS = ("pfedknow", "pfedknow-as1", "pfedknow-as2", "pfedknow-as3", "pfedknow-as4", "semifl")
-CNN_METHODS = (*WIDTH_METHODS, "all-small", "all-large", "exclusive", *PFEDKNOW_METHODS)
+PFEDKNOW_METHODS = registry.names(client="unlabeled-pruning")
+#: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
+CNN_METHODS = registry.names(family="cnn")
 #: FlexiFed's methods and baselines, mapped to ``strategies.flexifed`` modes; they need an
 #: architecture family (``model = "vgg"`` or ``"resnet"``, tiers naming its architectures).
-FLEXIFED_MODES = {
-    "flexifed-basic": "basic",
-    "flexifed-clustered": "clustered",
-    "flexifed-max": "max",
-    "clustered-fl": "clustered-fl",
-    "standalone": "standalone",
-}
+FLEXIFED_MODES = registry.modes("architectures")
 #: Co-distillation methods (``model = "codist-cnn"``, tiers = pools named by model size).
-CODIST_MODES = {"codist-merged": "merged", "codist-periodic": "periodic", "codist-fedavg": "fedavg"}
+CODIST_MODES = registry.modes("codist")
 #: Architecture families and their members.
-ARCH_FAMILIES = {"vgg": tuple(VGG_CONFIGS), "resnet": tuple(RESNET_BLOCKS)}
+ARCH_FAMILIES = registry.ARCH_FAMILIES
 
 
 class ConfigError(ValueError):
@@ -98,7 +70,7 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
 
-    method: Method = "inclusivefl"
+    method: str = "inclusivefl"
     num_server_rounds: int = Field(7, ge=1)
     seed: int = 42
     # model and tiers
@@ -269,6 +241,19 @@ class RunConfig(BaseModel):
             raise ValueError(f"expected non-negative numbers with a positive sum, got {v!r}")
         return v
 
+    @field_validator("method")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        """A method the registry holds (:func:`experiment.registry.lookup`)."""
+        if v not in registry.METHODS:
+            raise ValueError(registry.unknown_method_message(v, key=False))
+        return v
+
+    @property
+    def entry(self) -> registry.MethodEntry:
+        """The registry entry of ``method``."""
+        return registry.lookup(self.method)
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         if self.inclusivefl_server_adam == "shared" and self.method != "inclusivefl":
@@ -337,7 +322,7 @@ class RunConfig(BaseModel):
                 f"run config 'method': {self.method!r} needs a depth-cut model; "
                 f"model {self.model!r} supports {CNN_METHODS}"
             )
-        if self.robust_aggregation == "median" and self.method in ("local", *FLEXIFED_MODES):
+        if self.robust_aggregation == "median" and self.entry.per_node_models:
             raise ValueError(
                 f"run config 'robust-aggregation': 'median' is not defined for method {self.method!r} "
                 "(its per-node models need every reply); use 'mean'"
@@ -406,8 +391,9 @@ class RunConfig(BaseModel):
                     lines.append(str(err["msg"]).removeprefix("Value error, "))
                     continue
                 key = ".".join(str(x) for x in err["loc"])
-                shown = "" if isinstance(value, dict) else f" (got {value!r})"
-                lines.append(f"run config '{key}': {err['msg']}{shown}")
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                shown = "" if isinstance(value, dict) or repr(value) in msg else f" (got {value!r})"
+                lines.append(f"run config '{key}': {msg}{shown}")
             raise ConfigError("; ".join(lines)) from None
 
     @property
@@ -475,7 +461,7 @@ class RunConfig(BaseModel):
     @property
     def uses_width(self) -> bool:
         """Whether tiers are width variants (HeteroFL/FedRolex, or any method on a CNN)."""
-        return self.method in WIDTH_METHODS or self.is_cnn
+        return self.entry.width_tiers or self.is_cnn
 
     def family(self) -> ModelFamily:
         """The model family the apps build variants from."""
@@ -630,7 +616,7 @@ class RunConfig(BaseModel):
                 )
             except ValueError as exc:
                 raise ConfigError(f"run config 'tier-widths': {exc}") from None
-        if self.method in WIDTH_METHODS:
+        if self.entry.width_tiers:
             try:
                 return width_catalog(
                     self.transformer_spec(),
@@ -653,8 +639,8 @@ class RunConfig(BaseModel):
     def training_catalog(self) -> VariantCatalog:
         """Variants the method trains: one for AllLarge/ExclusiveFL/AllSmall, else all."""
         full = self.catalog
-        if self.method in ("all-large", "exclusive"):
+        if self.entry.trains == "largest":
             return VariantCatalog(full.family, (full.largest,))
-        if self.method == "all-small":
+        if self.entry.trains == "smallest":
             return VariantCatalog(full.family, (full.smallest,))
         return full

@@ -1,0 +1,155 @@
+"""The method registry: every method has one entry, dispatch goes through it, unknown names fail early."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from experiment import registry
+from experiment.registry import METHODS, FactoryNotFound, MethodEntry, UnknownMethod, family_kind, load_factory, lookup
+from server.app import build_strategy
+from server.config import ConfigError, RunConfig
+from server.factories import pfedknow_settings
+from strategies.baselines import LocalTraining
+from strategies.codistill import CoDistillation
+from strategies.flexifed import FlexiFed
+from strategies.heterofl import HeteroFL
+from strategies.inclusivefl import InclusiveFL
+from strategies.pfedknow import MODES as PFEDKNOW_MODES
+from strategies.pfedknow import PFedKnow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The smallest valid run config of each method (test model, every tier its own variant).
+SMALL: dict[str, object] = {"model": "tiny", "tier-memory-mb": "auto"}
+PFEDKNOW: dict[str, object] = {
+    "model": "conv",
+    "cnn-widths": "4:8",
+    "tiers": "iot",
+    "tier-proportions": "1",
+    "tier-memory-mb": "auto",
+    "dataset": "embedded:fashion_mnist",
+    "num-labels": 10,
+    "server-test-size": 100,
+    "pfedknow-labeled-size": 50,
+}
+RUN_CONFIGS: dict[str, dict[str, object]] = {
+    **{m: SMALL for m in ("inclusivefl", "all-large", "all-small", "exclusive", "local")},
+    **{m: {**SMALL, "tier-widths": "0.25:0.5:1"} for m in ("heterofl", "fedrolex")},
+    **{m: SMALL for m in ("flexifed-basic", "flexifed-clustered", "flexifed-max", "clustered-fl", "standalone")},
+    **{
+        m: {
+            "model": "codist-cnn",
+            "tiers": "small:large",
+            "tier-proportions": "1:1",
+            "tier-memory-mb": "auto",
+            "distill-size": 64,
+        }
+        for m in ("codist-merged", "codist-periodic", "codist-fedavg")
+    },
+    **dict.fromkeys(PFEDKNOW_MODES, PFEDKNOW),
+}
+EXPECTED_CLASS = {
+    "inclusivefl": InclusiveFL,
+    "all-large": InclusiveFL,
+    "all-small": InclusiveFL,
+    "exclusive": InclusiveFL,
+    "local": LocalTraining,
+    "heterofl": HeteroFL,
+    "fedrolex": HeteroFL,
+    **dict.fromkeys(("flexifed-basic", "flexifed-clustered", "flexifed-max", "clustered-fl", "standalone"), FlexiFed),
+    **dict.fromkeys(("codist-merged", "codist-periodic", "codist-fedavg"), CoDistillation),
+    **dict.fromkeys(PFEDKNOW_MODES, PFedKnow),
+}
+
+
+def test_every_method_of_the_pyproject_comment_is_registered_and_nothing_else() -> None:
+    """The pyproject's ``method`` comment lists the registered methods (what a user reads first)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    default = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]["method"]
+    assert default in METHODS
+    assert set(RUN_CONFIGS) == set(METHODS) == set(EXPECTED_CLASS)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_each_entry_builds_its_strategy_class(method: str) -> None:
+    """Dispatch by the entry's factory: the class each method ran as before the registry."""
+    cfg = RunConfig.model_validate({**RUN_CONFIGS[method], "method": method})
+    strategy = build_strategy(cfg)
+    assert type(strategy) is EXPECTED_CLASS[method]
+    assert cfg.entry is METHODS[method]
+
+
+def test_entry_facts_drive_the_strategy_options() -> None:
+    beta0 = build_strategy(RunConfig.model_validate({**SMALL, "method": "exclusive", "beta": 0.7}))
+    assert isinstance(beta0, InclusiveFL) and beta0.beta == 0.0  # baselines never distil momentum
+    md = build_strategy(RunConfig.model_validate({**SMALL, "method": "inclusivefl", "beta": 0.7}))
+    assert isinstance(md, InclusiveFL) and md.beta == 0.7
+    rolling = build_strategy(RunConfig.model_validate({**RUN_CONFIGS["fedrolex"], "method": "fedrolex"}))
+    static = build_strategy(RunConfig.model_validate({**RUN_CONFIGS["heterofl"], "method": "heterofl"}))
+    assert isinstance(rolling, HeteroFL) and rolling.rolling and isinstance(static, HeteroFL) and not static.rolling
+    assert RunConfig.model_validate({**SMALL, "method": "all-large"}).training_catalog.names() == ["strong"]
+    assert RunConfig.model_validate({**SMALL, "method": "all-small"}).training_catalog.names() == ["weak"]
+
+
+def test_unknown_method_fails_naming_the_key_the_choices_and_the_closest() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({"method": "inclusivfl"})
+    msg = str(err.value)
+    assert msg.startswith("run config 'method': 'inclusivfl' is not a registered method (did you mean 'inclusivefl'?)")
+    assert all(name in msg for name in METHODS)
+    with pytest.raises(UnknownMethod, match=r"'method': 'fedsomething' is not a registered method; choices: "):
+        lookup("fedsomething")
+
+
+def test_a_factory_that_does_not_exist_or_builds_no_strategy_fails_naming_the_method() -> None:
+    missing = MethodEntry("nowhere", "test", "server.factories:no_such_factory", frozenset({"transformer"}))
+    with pytest.raises(FactoryNotFound, match=r"method 'nowhere': strategy factory 'server.factories:no_such_factory'"):
+        load_factory(missing)
+    with pytest.raises(FactoryNotFound, match="not found"):
+        load_factory(MethodEntry("x", "test", "no_such_module:f", frozenset({"transformer"})))
+
+
+def test_views_and_families() -> None:
+    assert registry.names(width_tiers=True) == ("heterofl", "fedrolex")
+    assert set(registry.names(client="unlabeled-pruning")) == set(PFEDKNOW_MODES)
+    assert registry.modes("codist") == {
+        "codist-merged": "merged",
+        "codist-periodic": "periodic",
+        "codist-fedavg": "fedavg",
+    }
+    assert [family_kind(m) for m in ("minilm-l6", "tiny", "conv", "preresnet18", "vgg", "resnet", "codist-cnn")] == [
+        "transformer",
+        "transformer",
+        "cnn",
+        "cnn",
+        "architectures",
+        "architectures",
+        "codist",
+    ]
+
+
+def _string_constants(path: Path) -> set[str]:
+    return {
+        n.value
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def test_no_method_name_is_branched_on_in_the_apps_or_the_factories() -> None:
+    """Method names live in the registry: the apps and the factories read entries, not names."""
+    for path in (ROOT / "server" / "app.py", ROOT / "server" / "factories.py", *(ROOT / "client").glob("*.py")):
+        named = _string_constants(path) & set(METHODS)
+        assert not named, f"{path.relative_to(ROOT)} names methods {sorted(named)}"
+
+
+def test_semifl_threshold_comes_from_its_confidence_and_pfedknow_from_delta() -> None:
+    """The one mode that filters pseudo-labels by max-softmax confidence takes ``1 - semifl-confidence``."""
+    both = {**PFEDKNOW, "pfedknow-delta": 0.3, "semifl-confidence": 0.9}
+    assert pfedknow_settings(RunConfig.model_validate({**both, "method": "pfedknow"})).delta == 0.3
+    assert pfedknow_settings(RunConfig.model_validate({**both, "method": "pfedknow-as1"})).delta == 0.3
+    assert pfedknow_settings(RunConfig.model_validate({**both, "method": "semifl"})).delta == pytest.approx(0.1)
