@@ -145,6 +145,33 @@ class RunOutcome:
         """The run finished and wrote its summary."""
         return self.returncode == 0 and (self.results / "summary.csv").exists()
 
+    @property
+    def reason(self) -> str | None:
+        """Why the run stopped, when the ServerApp raised one of the project's typed errors."""
+        return failure_reason(self.log)
+
+
+#: The project's errors that say what to change (key, value, fix) when they stop a run.
+TYPED_ERRORS = (
+    "NothingToTrain",
+    "ConfigError",
+    "DataError",
+    "UnknownMethod",
+    "FactoryNotFound",
+    "CheckpointIncompatible",
+)
+_TYPED_ERROR = re.compile(rf"\b({'|'.join(TYPED_ERRORS)}): (.+)$")
+
+
+def failure_reason(output: str) -> str | None:
+    """The last ``<TypedError>: message`` line of a run's output (Flower prints the ServerApp's traceback)."""
+    found = None
+    for line in output.splitlines():
+        match = _TYPED_ERROR.search(line.strip())
+        if match:
+            found = f"{match.group(1)}: {match.group(2)}"
+    return found
+
 
 def _superlink_pids() -> set[int]:
     out = subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True, text=True, check=False)
@@ -648,6 +675,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
     if not outcome.ok:
         print(f"run failed: no summary in {outcome.results} (flwr exit code {outcome.returncode})", file=sys.stderr)
+        if outcome.reason:
+            print(f"because {outcome.reason}", file=sys.stderr)
         return 1
     print((outcome.results / "summary.csv").read_text())
     return 0

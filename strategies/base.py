@@ -202,6 +202,34 @@ def record_nbytes(record: ArrayRecord) -> int:
     return sum(len(arr.data) for arr in record.values())
 
 
+class NothingToTrain(RuntimeError):
+    """Every connected node declined to train: the run would train nothing."""
+
+
+def nothing_to_train_message(server_round: int, declined: Sequence[tuple[str, str]]) -> str:
+    """The error of a round no node can train: the nodes' reasons per tier and the keys that fix them.
+
+    ``declined`` holds ``(tier, reason)`` per node.  A reason about memory points at
+    ``tier-memory-mb`` / ``runtime-overhead-mb`` (emulated budgets) or the node's ``memory-mb``;
+    one about data at the partitioning keys.
+    """
+    by_reason: dict[tuple[str, str], int] = {}
+    for tier, reason in declined:
+        by_reason[(tier, reason)] = by_reason.get((tier, reason), 0) + 1
+    lines = "; ".join(f"{n} x tier {tier}: {reason}" for (tier, reason), n in by_reason.items())
+    fixes = []
+    text = " ".join(r for _, r in declined).lower()
+    if "memory" in text or "budget" in text:
+        fixes.append(
+            "give the tiers budgets their variants fit (run config 'tier-memory-mb', e.g. \"auto\" in simulation, "
+            "or a lower 'runtime-overhead-mb'; on a device its node config 'memory-mb') or a smaller 'model'"
+        )
+    if "no local data" in text:
+        fixes.append("check the data keys the reason names ('dataset', 'partitioner', 'dirichlet-alpha')")
+    fix = ("; " + "; ".join(fixes)) if fixes else ""
+    return f"nothing to train in round {server_round}: all {len(declined)} connected nodes declined ({lines}){fix}"
+
+
 @dataclass
 class NodeProfile:
     """What a node reported in the handshake."""
@@ -551,6 +579,19 @@ class HeterogeneousStrategy(Strategy):
         self.handshake(grid, all_nodes)
         return sorted(n for n in all_nodes if n in self.profiles and self.profiles[n].variant is not None)
 
+    def _check_someone_can_train(self, server_round: int) -> None:
+        """Raise :class:`NothingToTrain` when every connected node answered the handshake and declined.
+
+        A round with no node to train would run, train nothing and write results as if it had;
+        where each node has said why it cannot train (its budget fits no variant, it has no
+        data), no later round can do better, so the run stops here with the nodes' reasons.
+        Nodes that have not answered (yet) leave the run going: a deployment may still gain them.
+        """
+        declined = [p for p in self.profiles.values() if p.variant is None]
+        if not declined or len(declined) < len(self.profiles):
+            return
+        raise NothingToTrain(nothing_to_train_message(server_round, [(p.tier, p.reason) for p in declined]))
+
     def _sample(self, nodes: list[int], fraction: float, minimum: int) -> list[int]:
         if not nodes or fraction == 0.0:
             return []
@@ -566,7 +607,10 @@ class HeterogeneousStrategy(Strategy):
         self._sync_state(arrays)
         report = self.report(server_round)
         report.started = time.time()
-        nodes = self._sample(self.eligible_nodes(grid), self.fraction_train, self.min_train_nodes)
+        eligible = self.eligible_nodes(grid)
+        if not eligible and self.fraction_train > 0:
+            self._check_someone_can_train(server_round)
+        nodes = self._sample(eligible, self.fraction_train, self.min_train_nodes)
         self._sent_train = self._messages(nodes, server_round, config, MessageType.TRAIN)
         log(INFO, "configure_train: %d nodes sampled (%s)", len(nodes), self._variant_counts(self._sent_train))
         return [s.message for s in self._sent_train.values()]

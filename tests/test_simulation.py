@@ -184,3 +184,21 @@ def test_codistillation_pools_with_nested_membership(tmp_path: Path) -> None:
         assert small["clients"] == 6 and large["clients"] == 2  # 2:1 over 6 nodes; the large ones train both
         assert small["distill-seconds"] > 0 and large["distill-seconds"] > 0  # server-side distillation ran
         assert 0.0 <= small["fed-accuracy"] <= 1.0 and 0.0 <= large["fed-accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_where_every_node_declines_fails_naming_the_memory_keys(tmp_path: Path) -> None:
+    """Issue 23 item 2: budgets no variant fits stop round 1 (no summary, non-zero) with the reason."""
+    outcome = run_simulation(
+        supernodes=3,
+        run_config=f"{TINY} num-server-rounds=2 tier-memory-mb='100:120:140'",
+        results_dir=tmp_path,
+        run_name="declined",
+        flwr_home=tmp_path / "flwr-home",
+        echo=False,
+    )
+    assert not outcome.ok
+    assert outcome.reason is not None, outcome.log[-4000:]
+    assert outcome.reason.startswith("NothingToTrain: nothing to train in round 1: all 3 connected nodes declined")
+    assert "'tier-memory-mb'" in outcome.reason
