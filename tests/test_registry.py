@@ -20,22 +20,13 @@ from strategies.heterofl import HeteroFL
 from strategies.inclusivefl import InclusiveFL
 from strategies.pfedknow import MODES as PFEDKNOW_MODES
 from strategies.pfedknow import PFedKnow
+from tests.test_pfedknow_config import BASE as PFEDKNOW_BASE
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The smallest valid run config of each method (test model, every tier its own variant).
 SMALL: dict[str, object] = {"model": "tiny", "tier-memory-mb": "auto"}
-PFEDKNOW: dict[str, object] = {
-    "model": "conv",
-    "cnn-widths": "4:8",
-    "tiers": "iot",
-    "tier-proportions": "1",
-    "tier-memory-mb": "auto",
-    "dataset": "embedded:fashion_mnist",
-    "num-labels": 10,
-    "server-test-size": 100,
-    "pfedknow-labeled-size": 50,
-}
+PFEDKNOW: dict[str, object] = {k: v for k, v in PFEDKNOW_BASE.items() if k != "method"}
 RUN_CONFIGS: dict[str, dict[str, object]] = {
     **{m: SMALL for m in ("inclusivefl", "all-large", "all-small", "exclusive", "local")},
     **{m: {**SMALL, "tier-widths": "0.25:0.5:1"} for m in ("heterofl", "fedrolex")},
