@@ -230,7 +230,7 @@ def names(
 
 
 def modes(family: FamilyKind) -> dict[str, str]:
-    """``{method: mode}`` of the methods that run on ``family`` and only there or on transformers.
+    """``{method: mode}`` of the methods that run on ``family`` (registration order).
 
     The views the configuration checks use for the families with their own methods
     (``"architectures"``: FlexiFed's, ``"codist"``: co-distillation's).

@@ -439,24 +439,29 @@ class RunConfig(BaseModel):
         return dict(zip(self.tier_names, values, strict=True))
 
     @property
+    def family_kind(self) -> registry.FamilyKind:
+        """The family ``model`` names (:func:`experiment.registry.family_kind`)."""
+        return registry.family_kind(self.model)
+
+    @property
     def is_cnn(self) -> bool:
         """Whether ``model`` names one of HeteroFL's CNNs (``conv``, ``preresnet18``)."""
-        return self.model in cnn.MODEL_NAMES
+        return self.family_kind == "cnn"
 
     @property
     def is_architectures(self) -> bool:
         """Whether ``model`` names an architecture family (FlexiFed: ``vgg``, ``resnet``)."""
-        return self.model in ARCH_FAMILIES
+        return self.family_kind == "architectures"
 
     @property
     def is_codist(self) -> bool:
         """Whether ``model`` is the co-distillation CNN pair (pools of model sizes)."""
-        return self.model == CODIST_MODEL
+        return self.family_kind == "codist"
 
     @property
     def image_data(self) -> bool:
         """Whether the model reads images (CNNs, architecture families, the co-distillation CNNs)."""
-        return self.is_cnn or self.is_architectures or self.is_codist
+        return self.family_kind != "transformer"
 
     @property
     def uses_width(self) -> bool:

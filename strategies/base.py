@@ -579,7 +579,7 @@ class HeterogeneousStrategy(Strategy):
         self.handshake(grid, all_nodes)
         return sorted(n for n in all_nodes if n in self.profiles and self.profiles[n].variant is not None)
 
-    def _check_someone_can_train(self, server_round: int) -> None:
+    def _check_someone_can_train(self, server_round: int, connected: Sequence[int]) -> None:
         """Raise :class:`NothingToTrain` when every connected node answered the handshake and declined.
 
         A round with no node to train would run, train nothing and write results as if it had;
@@ -587,8 +587,9 @@ class HeterogeneousStrategy(Strategy):
         data), no later round can do better, so the run stops here with the nodes' reasons.
         Nodes that have not answered (yet) leave the run going: a deployment may still gain them.
         """
-        declined = [p for p in self.profiles.values() if p.variant is None]
-        if not declined or len(declined) < len(self.profiles):
+        profiles = [self.profiles.get(n) for n in connected]
+        declined = [p for p in profiles if p is not None and p.variant is None]
+        if not declined or len(declined) < len(profiles):
             return
         raise NothingToTrain(nothing_to_train_message(server_round, [(p.tier, p.reason) for p in declined]))
 
@@ -609,7 +610,7 @@ class HeterogeneousStrategy(Strategy):
         report.started = time.time()
         eligible = self.eligible_nodes(grid)
         if not eligible and self.fraction_train > 0:
-            self._check_someone_can_train(server_round)
+            self._check_someone_can_train(server_round, list(grid.get_node_ids()))
         nodes = self._sample(eligible, self.fraction_train, self.min_train_nodes)
         self._sent_train = self._messages(nodes, server_round, config, MessageType.TRAIN)
         log(INFO, "configure_train: %d nodes sampled (%s)", len(nodes), self._variant_counts(self._sent_train))
