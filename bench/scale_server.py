@@ -39,27 +39,27 @@ class FakeGrid:
 
     def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> list[Any]:
         """One profile reply per query message."""
-        from flwr.app import ConfigRecord, Message, RecordDict
+        from flwr.app import Message, RecordDict
 
         from bench.aggregation import _set_message_id
+        from experiment.protocol import PROFILE, ProfileReply
 
         replies = []
         for msg in messages:
             self._next += 1
             _set_message_id(msg, f"q-{self._next}")
             node = msg.metadata.dst_node_id
-            profile = ConfigRecord(
-                {
-                    "tier": self.variant,
-                    "memory-mb": 1e6,
-                    "num-examples": 1000,
-                    "labeled": True,
-                    "variant": self.variant,
-                    "reason": "",
-                    "node-key": f"partition-{node}",
-                }
+            profile = ProfileReply(
+                tier=self.variant,
+                memory_mb=1e6,
+                memory_source="bench",
+                num_examples=1000,
+                labeled=True,
+                variant=self.variant,
+                reason="",
+                node_key=f"partition-{node}",
             )
-            replies.append(Message(RecordDict({"profile": profile}), reply_to=msg))
+            replies.append(Message(RecordDict({PROFILE: profile.to_record()}), reply_to=msg))
         return replies
 
 

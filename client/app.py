@@ -15,14 +15,30 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 from torch import nn
 from torch.utils.data import DataLoader
 
 from client.pfedknow import pfedknow_train
-from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile
+from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile, node_config_int
+from experiment.protocol import (
+    ARRAYS,
+    CATALOG,
+    LAYERS,
+    NUM_EXAMPLES,
+    PROFILE,
+    STARTUP_SECONDS,
+    TRAIN_LOSS,
+    TRAIN_SECONDS,
+    CatalogOffer,
+    Instruction,
+    ProfileReply,
+    evaluate_reply,
+    record_of,
+    train_reply,
+)
 from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
@@ -60,7 +76,7 @@ def _partition_ids(context: Context) -> tuple[int, int]:
     nc = context.node_config
     if "partition-id" not in nc or "num-partitions" not in nc:
         raise ValueError("node config needs partition-id and num-partitions to load local data")
-    return int(nc["partition-id"]), int(nc["num-partitions"])  # type: ignore[call-overload]
+    return node_config_int(nc, "partition-id"), node_config_int(nc, "num-partitions")
 
 
 @lru_cache(maxsize=8)
@@ -108,11 +124,11 @@ def test_loader(context: Context, cfg: RunConfig) -> DataLoader:
     return _loader(cfg.data_spec(), cfg.family(), pid, num, False, cfg.eval_batch_size, domain)
 
 
-def _model_for(msg: Message, cfg: RunConfig) -> tuple[nn.Module, Variant]:
-    """Rebuild the variant named in the message, load the sent weights, move it to ``device``."""
-    variant = cfg.catalog.get(str(msg.content["config"]["variant"]))
+def _model_for(msg: Message, cfg: RunConfig, instruction: Instruction) -> tuple[nn.Module, Variant]:
+    """Rebuild the variant the message names, load the sent weights, move it to ``device``."""
+    variant = cfg.catalog.get(instruction.variant)
     model = cfg.family().build(variant)
-    state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
+    state = record_of(msg.content, ARRAYS, ArrayRecord).to_torch_state_dict()
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k in set(variant.layout.names())]
     if missing or unexpected:
@@ -144,26 +160,17 @@ def train_seed(seed: int, context: Context, server_round: int) -> int:
     return (seed + 1_000_003 * server_round + k) % (2**63)
 
 
-def _echo(msg: Message) -> dict[str, object]:
-    cfg = msg.content["config"]
-    return {"variant": cfg["variant"], "server-round": cfg["server-round"]}  # type: ignore[index]
-
-
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Report the device profile and the variant this node can train."""
     cfg = run_config(context)
-    catalog = msg.content["catalog"]
-    names = [str(x) for x in catalog["variant-names"]]  # type: ignore[union-attr]
-    estimates = [float(x) for x in catalog["variant-memory-mb"]]  # type: ignore[union-attr]
+    offer = CatalogOffer.from_record(record_of(msg.content, CATALOG, ConfigRecord))
     profile = profile_of(context, cfg)
-    if bool(catalog.get("ignore-memory", False)):  # type: ignore[union-attr]
-        chosen: str | None = names[-1]
+    if offer.ignore_memory:
+        chosen: str | None = offer.variant_names[-1]
         reason = "server asked every node to train the largest variant (memory ignored)"
     else:
-        chosen, reason = choose_variant(
-            dict(zip(names, estimates, strict=True)), profile.memory_mb, cfg.runtime_overhead_mb
-        )
+        chosen, reason = choose_variant(offer.memory_by_name(), profile.memory_mb, cfg.runtime_overhead_mb)
     try:
         n_train = num_train_examples(context, cfg)
     except ValueError as exc:
@@ -176,19 +183,17 @@ def query(msg: Message, context: Context) -> Message:
         profile.memory_mb,
         reason,
     )
-    record = ConfigRecord(
-        {
-            "tier": profile.tier,
-            "memory-mb": float(profile.memory_mb),
-            "memory-source": profile.source,
-            "num-examples": int(n_train),
-            "labeled": profile.labeled,
-            "variant": chosen or "",
-            "reason": reason,
-            "node-key": node_key(context),
-        }
+    reply = ProfileReply(
+        tier=profile.tier,
+        memory_mb=float(profile.memory_mb),
+        memory_source=profile.source,
+        num_examples=int(n_train),
+        labeled=profile.labeled,
+        variant=chosen or "",
+        reason=reason,
+        node_key=node_key(context),
     )
-    return Message(RecordDict({"profile": record}), reply_to=msg)
+    return Message(RecordDict({PROFILE: reply.to_record()}), reply_to=msg)
 
 
 def process_age() -> float:
@@ -217,36 +222,30 @@ def train(msg: Message, context: Context) -> Message:
     started = time.perf_counter()
     startup = process_age()
     cfg = run_config(context)
-    seed = train_seed(cfg.seed, context, int(msg.content["config"]["server-round"]))  # type: ignore[arg-type, index]
+    instruction = Instruction.from_content(msg.content)
+    seed = train_seed(cfg.seed, context, instruction.server_round)
     torch.manual_seed(seed)
     if cfg.entry.client == "unlabeled-pruning":  # pseudo-labels, pruning, sparse upload
-        light = cfg.catalog.get(str(msg.content["config"]["variant"]))  # type: ignore[index]
+        light = cfg.catalog.get(instruction.variant)
         shapes = {p.name: tuple(p.shape) for p in light.layout}
         return pfedknow_train(
             msg, cfg.family().build(light), shapes, cfg.data_spec(), _partition_ids(context),
             settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed, family=cfg.family(),
         )  # fmt: skip
-    model, variant = _model_for(msg, cfg)
+    model, variant = _model_for(msg, cfg, instruction)
     loader, n_train = train_loader(context, cfg), num_train_examples(context, cfg)
     if loader.generator is not None:  # shuffling order: a function of the round too
         loader.generator.manual_seed(seed)
     loss = train_classifier(model, loader, cfg.train_settings())
     upload = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord(upload),
-            "metrics": MetricRecord(
-                {
-                    "num-examples": n_train,
-                    "train-loss": loss,
-                    "layers": variant.depth,
-                    "train-seconds": time.perf_counter() - started,
-                    "startup-seconds": startup,
-                }
-            ),
-            "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
-        }
-    )
+    metrics = {
+        NUM_EXAMPLES: n_train,
+        TRAIN_LOSS: loss,
+        LAYERS: variant.depth,
+        TRAIN_SECONDS: time.perf_counter() - started,
+        STARTUP_SECONDS: startup,
+    }
+    content = train_reply(ArrayRecord(upload), metrics, instruction)
     log(INFO, "trained %s on %d examples on %s, loss %.4f (process age at start %.2f s, handler %.2f s)",
         variant.name, n_train, model_device(model), loss, startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)
@@ -261,18 +260,14 @@ def evaluate(msg: Message, context: Context) -> Message:
     """
     started, startup = time.perf_counter(), process_age()
     cfg = run_config(context)
-    model, _ = _model_for(msg, cfg)
+    instruction = Instruction.from_content(msg.content)
+    model, _ = _model_for(msg, cfg, instruction)
     family = cfg.family()
     stats = train_loader(context, cfg) if family.uses_statistics else None
     loss, acc, n = evaluate_classifier(family.for_evaluation(model, stats), test_loader(context, cfg))
     if n == 0:
         raise ValueError("this node has no local test examples")
-    content = RecordDict(
-        {
-            "metrics": MetricRecord({"num-examples": n, "loss": loss, "accuracy": acc}),
-            "config": ConfigRecord(_echo(msg)),  # type: ignore[arg-type]
-        }
-    )
+    content = evaluate_reply(n, loss, acc, instruction)
     log(INFO, "evaluated on %d examples on %s (process age at start %.2f s, handler %.2f s)",
         n, model_device(model), startup, time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)

@@ -30,10 +30,24 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from torch import Tensor, nn
 
+from experiment.protocol import (
+    ARRAYS,
+    CONFIG,
+    KEPT_WEIGHTS,
+    NUM_EXAMPLES,
+    PRUNE_RATIO,
+    PSEUDO_KEPT,
+    TRAIN_LOSS,
+    Instruction,
+    PruningInstruction,
+    record_of,
+    train_reply,
+)
+from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.data import DataSpec, load_partition, text_inputs
 from models.family import ModelFamily, TransformerFamily
 from models.images import MEAN, STD
@@ -55,8 +69,6 @@ from models.pruning import (
 from models.sparse import from_wire, to_wire
 from models.training import TrainSettings, make_optimizer
 from models.transformer import load_tokenizer
-from strategies.codistill import Batch, batch_size_of, model_logits
-from strategies.pfedknow import take_rows
 
 
 def unlabeled_inputs(ds: Dataset) -> Tensor:
@@ -205,15 +217,16 @@ def pfedknow_round(
     """One client round on unlabeled ``x``: decode, pseudo-label, prune, fine-tune, encode.
 
     ``shapes`` are every tensor the server sends; the upload holds the trainable ones
-    (:func:`uploaded_names`).  Returns the sparse upload payload and metrics (``pseudo-kept``,
-    ``prune-ratio``: share of channels / prunable weights removed, ``kept-weights``: share of
-    the uploaded tensors' weights kept, ``train-loss``).
+    (:func:`uploaded_names`).  ``config`` is the train message's ``CONFIG`` record, holding this
+    round's :class:`~experiment.protocol.PruningInstruction`.  Returns the sparse upload
+    payload and metrics (``pseudo-kept``, ``prune-ratio``: share of channels / prunable weights
+    removed, ``kept-weights``: share of the uploaded tensors' weights kept, ``train-loss``).
     """
+    instruction = PruningInstruction.from_config(config)
     params, masks = from_wire(payload, shapes)
     model.load_state_dict(params, strict=False)
-    xs, ys = pseudo_label(model, x, delta=float(config["delta"]), uncertainty=str(config["uncertainty"]))  # type: ignore[arg-type]
-    ratio = float(config["prune-ratio"])  # type: ignore[arg-type]
-    masks, removed = prune_masks(str(config["pruning"]), params, masks, shapes, ratio)
+    xs, ys = pseudo_label(model, x, delta=instruction.delta, uncertainty=instruction.uncertainty)
+    masks, removed = prune_masks(instruction.pruning, params, masks, shapes, instruction.prune_ratio)
     apply_masks(model, masks)
     loss = fine_tune(
         model,
@@ -222,17 +235,17 @@ def pfedknow_round(
         masks,
         settings=settings,
         batch_size=batch_size,
-        l1=float(config["l1"]),  # type: ignore[arg-type]
+        l1=instruction.l1,
         seed=seed,
     )
     state = model.state_dict()
     names = uploaded_names(model, shapes)
     upload = to_wire({k: state[k].detach() for k in names}, {k: masks[k] for k in names})
     metrics = {
-        "pseudo-kept": float(ys.shape[0]),
-        "prune-ratio": removed,
-        "kept-weights": kept_fraction({k: masks[k] for k in names}),
-        "train-loss": loss,
+        PSEUDO_KEPT: float(ys.shape[0]),
+        PRUNE_RATIO: removed,
+        KEPT_WEIGHTS: kept_fraction({k: masks[k] for k in names}),
+        TRAIN_LOSS: loss,
     }
     return upload, metrics
 
@@ -258,26 +271,22 @@ def pfedknow_train(
     n = batch_size_of(x)
     if n == 0:
         raise ValueError(f"this node has no local training {spec.kind}")
-    arrays = msg.content["arrays"]
-    cfg = msg.content["config"]
-    assert isinstance(arrays, ArrayRecord) and isinstance(cfg, ConfigRecord)
+    arrays = record_of(msg.content, ARRAYS, ArrayRecord)
+    instruction = Instruction.from_content(msg.content)
+    config = record_of(msg.content, CONFIG, ConfigRecord)
     payload = {k: np.asarray(a.numpy()) for k, a in arrays.items()}
     upload, metrics = pfedknow_round(
-        model, payload, shapes, x, cfg, settings=settings, batch_size=batch_size, seed=seed
+        model, payload, shapes, x, config, settings=settings, batch_size=batch_size, seed=seed
     )
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord({k: Array(v) for k, v in upload.items()}),
-            "metrics": MetricRecord({"num-examples": n, **metrics}),
-            "config": ConfigRecord({"variant": cfg["variant"], "server-round": cfg["server-round"]}),
-        }
+    content = train_reply(
+        ArrayRecord({k: Array(v) for k, v in upload.items()}), {NUM_EXAMPLES: n, **metrics}, instruction
     )
     log(
         INFO,
         "pFedKnow: %d/%d pseudo-labels kept, %.0f%% pruned, %.0f%% weights kept",
-        int(metrics["pseudo-kept"]),
+        int(metrics[PSEUDO_KEPT]),
         n,
-        100 * metrics["prune-ratio"],
-        100 * metrics["kept-weights"],
+        100 * metrics[PRUNE_RATIO],
+        100 * metrics[KEPT_WEIGHTS],
     )
     return Message(content, reply_to=msg)

@@ -117,6 +117,29 @@ def tier_for_partition(
     return labels[int(order[partition_id])]
 
 
+class NodeConfigError(ValueError):
+    """A node config value is missing or not of its kind; ``str(exc)`` names the key."""
+
+
+def node_config_number(node_config: Mapping[str, object], key: str) -> float:
+    """``node_config[key]`` as a number: Flower parses ``--node-config 'k=v'`` to an int, float or string."""
+    value = node_config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise NodeConfigError(f"node config {key!r} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except ValueError:
+        raise NodeConfigError(f"node config {key!r} must be a number, got {value!r}") from None
+
+
+def node_config_int(node_config: Mapping[str, object], key: str) -> int:
+    """``node_config[key]`` as a whole number (``partition-id``, ``num-partitions``)."""
+    number = node_config_number(node_config, key)
+    if number != int(number):
+        raise NodeConfigError(f"node config {key!r} must be a whole number, got {node_config.get(key)!r}")
+    return int(number)
+
+
 def device_profile(
     node_config: Mapping[str, object],
     *,
@@ -132,8 +155,8 @@ def device_profile(
     mem = node_config.get("memory-mb")
     if mem is not None:
         try:
-            budget = float(mem)  # type: ignore[arg-type]
-        except ValueError:
+            budget = node_config_number(node_config, "memory-mb")
+        except NodeConfigError:
             raise ValueError(f"node-config memory-mb must be a number, got {mem!r}") from None
         if budget <= 0:
             raise ValueError(f"node-config memory-mb must be positive, got {mem!r}")
@@ -148,5 +171,11 @@ def device_profile(
     num = node_config.get("num-partitions")
     if pid is None or num is None:
         raise ValueError("node config has neither tier/memory-mb nor partition-id/num-partitions")
-    t = tier_for_partition(int(pid), int(num), tiers, proportions, seed)  # type: ignore[call-overload]
+    t = tier_for_partition(
+        node_config_int(node_config, "partition-id"),
+        node_config_int(node_config, "num-partitions"),
+        tiers,
+        proportions,
+        seed,
+    )
     return DeviceProfile(t, budgets[t], "simulation", labeled)

@@ -63,6 +63,18 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import Tensor
 
+from experiment.protocol import (
+    ARRAYS,
+    CATALOG,
+    CONFIG,
+    PROFILE,
+    CatalogOffer,
+    ProfileReply,
+    ProtocolError,
+    instruction_config,
+    record_of,
+    scalar_metrics,
+)
 from models.catalog import VariantCatalog
 from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
@@ -202,6 +214,10 @@ def record_nbytes(record: ArrayRecord) -> int:
     return sum(len(arr.data) for arr in record.values())
 
 
+class StrategyStateError(RuntimeError):
+    """The strategy was asked for something its state cannot give (a programming error, not bad input)."""
+
+
 class NothingToTrain(RuntimeError):
     """Every connected node declined to train: the run would train nothing."""
 
@@ -244,18 +260,17 @@ class NodeProfile:
     key: str = ""
 
     @classmethod
-    def from_config(cls, node_id: int, cfg: ConfigRecord) -> NodeProfile:
-        """Parse a ``query`` reply's ``profile`` record."""
-        variant = str(cfg.get("variant", ""))
+    def from_reply(cls, node_id: int, reply: ProfileReply) -> NodeProfile:
+        """The profile a node sent in its ``query`` reply (``variant`` ``""``: declined)."""
         return cls(
             node_id=node_id,
-            tier=str(cfg.get("tier", "unknown")),
-            memory_mb=float(cfg.get("memory-mb", 0.0)),  # type: ignore[arg-type]
-            num_examples=int(cfg.get("num-examples", 0)),  # type: ignore[arg-type]
-            labeled=bool(cfg.get("labeled", True)),
-            variant=variant or None,
-            reason=str(cfg.get("reason", "")),
-            key=str(cfg.get("node-key", "")),
+            tier=reply.tier,
+            memory_mb=reply.memory_mb,
+            num_examples=reply.num_examples,
+            labeled=reply.labeled,
+            variant=reply.variant or None,
+            reason=reply.reason,
+            key=reply.node_key,
         )
 
     @property
@@ -519,13 +534,11 @@ class HeterogeneousStrategy(Strategy):
         return self.reports[server_round]
 
     # -------------------------------------------------------------- handshake
-    def _catalog_config(self) -> ConfigRecord:
-        return ConfigRecord(
-            {
-                "variant-names": self.catalog.names(),
-                "variant-memory-mb": [float(v.memory.total_mb) for v in self.catalog],
-                "ignore-memory": self.assign == "largest",
-            }
+    def _catalog_offer(self) -> CatalogOffer:
+        return CatalogOffer(
+            variant_names=tuple(self.catalog.names()),
+            variant_memory_mb=tuple(float(v.memory.total_mb) for v in self.catalog),
+            ignore_memory=self.assign == "largest",
         )
 
     def handshake(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -533,10 +546,8 @@ class HeterogeneousStrategy(Strategy):
         new = [n for n in node_ids if n not in self.profiles]
         if not new:
             return
-        msgs = [
-            Message(RecordDict({"catalog": self._catalog_config()}), dst_node_id=n, message_type=MessageType.QUERY)
-            for n in new
-        ]
+        offer = self._catalog_offer().to_record()
+        msgs = [Message(RecordDict({CATALOG: offer}), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
         by_id: dict[str, int] = {}
         replies = list(grid.send_and_receive(msgs, timeout=self.query_timeout))
         for m in msgs:
@@ -548,11 +559,13 @@ class HeterogeneousStrategy(Strategy):
             if reply.has_error():
                 log(WARNING, "node %s failed the handshake: %s", node, reply.error.reason)
                 continue
-            prof = reply.content.get("profile")
-            if not isinstance(prof, ConfigRecord):
-                log(WARNING, "node %s answered the handshake without a profile", node)
+            try:
+                profile = NodeProfile.from_reply(
+                    node, ProfileReply.from_record(record_of(reply.content, PROFILE, ConfigRecord))
+                )
+            except ProtocolError as exc:
+                log(WARNING, "node %s answered the handshake with a malformed profile (%s): ignored", node, exc)
                 continue
-            profile = NodeProfile.from_config(node, prof)
             if profile.variant is not None and profile.variant not in self.catalog.names():
                 log(WARNING, "node %s chose unknown variant %r: ignored", node, profile.variant)
                 profile.variant = None
@@ -624,8 +637,8 @@ class HeterogeneousStrategy(Strategy):
         for node in nodes:
             for variant in self.message_variants(node, kind):
                 payload = to_record(self.variant_payload(node, variant), self._arrays)
-                cfg = ConfigRecord({**dict(config), "server-round": server_round, "variant": variant})
-                msg = Message(RecordDict({"arrays": payload, "config": cfg}), dst_node_id=node, message_type=kind)
+                cfg = instruction_config(config, server_round=server_round, variant=variant)
+                msg = Message(RecordDict({ARRAYS: payload, CONFIG: cfg}), dst_node_id=node, message_type=kind)
                 out[str(id(msg))] = Sent(msg, node, variant, record_nbytes(payload))
                 report.add(variant, "bytes-down", out[str(id(msg))].nbytes)
         return out
@@ -633,7 +646,8 @@ class HeterogeneousStrategy(Strategy):
     def message_variants(self, node_id: int, kind: str) -> list[str]:
         """Variants a node gets a ``kind`` message for this round: the one it chose (override for more)."""
         variant = self.profiles[node_id].variant
-        assert variant is not None
+        if variant is None:
+            raise StrategyStateError(f"node {node_id} declined in the handshake and has no variant to be sent")
         return [variant]
 
     @staticmethod
@@ -732,11 +746,7 @@ class HeterogeneousStrategy(Strategy):
             report.add(variant, "clients", 1)
             report.add(variant, "examples", n)
             report.add(variant, "bytes-up", entry.nbytes)
-            scalars = {
-                k: torch.tensor(float(v))
-                for k, v in entry.metrics.items()
-                if k != "num-examples" and isinstance(v, int | float) and math.isfinite(v)
-            }
+            scalars = {k: torch.tensor(v) for k, v in scalar_metrics(entry.metrics).items()}
             if scalars:
                 client_metrics.setdefault(variant, StreamingMean()).add(scalars, n)
         del accepted
@@ -820,7 +830,7 @@ class HeterogeneousStrategy(Strategy):
             except ReplyRejected as exc:
                 self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue
-            nbytes = record_nbytes(reply.content["arrays"])  # type: ignore[arg-type]
+            nbytes = record_nbytes(record_of(reply.content, ARRAYS, ArrayRecord))
             yield _Accepted(rec, tensors, n, metrics, nbytes)
         self._report_missing(sent, seen, report, "train")
 

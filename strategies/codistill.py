@@ -62,6 +62,7 @@ from flwr.app import MessageType
 from flwr.common import log
 from torch import Tensor, nn
 
+from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.catalog import VariantCatalog
 from models.training import batch_to, model_device
 from strategies.base import HeterogeneousStrategy
@@ -324,42 +325,6 @@ def distill(
     return Distilled({k: v.detach().clone().to(home) for k, v in work.state_dict().items()}, losses)
 
 
-#: One distillation batch: an image tensor ``(B, C, H, W)``, or keyword inputs of a text model
-#: (``input_ids``, ``attention_mask``, each ``(B, L)``).
-Batch = Tensor | Mapping[str, Tensor]
-
-
-def model_logits(model: nn.Module, x: Batch) -> Tensor:
-    """Logits of ``model`` on one batch: ``model(x)`` for a tensor, ``model(**x)`` for keyword inputs.
-
-    A Hugging Face output is unwrapped to its ``.logits``.
-    """
-    out = model(**x) if isinstance(x, Mapping) else model(x)
-    return out if isinstance(out, Tensor) else out.logits
-
-
-def batch_size_of(x: Batch) -> int:
-    """Number of examples in a batch (the first dimension of its tensor(s))."""
-    if isinstance(x, Tensor):
-        return int(x.shape[0])
-    sizes = {int(v.shape[0]) for v in x.values()}
-    if len(sizes) != 1:
-        raise DistillationError(f"keyword inputs disagree on the number of examples: {sorted(sizes)}")
-    return sizes.pop()
-
-
-def _take(x: Batch, index: Tensor) -> Batch:
-    """Rows ``index`` of a batch; keyword inputs with an ``attention_mask`` are cut to the longest kept row."""
-    if isinstance(x, Tensor):
-        return x[index]
-    rows = {k: v[index] for k, v in x.items()}
-    mask = rows.get("attention_mask")
-    if mask is not None and mask.dim() == 2 and mask.shape[1] > 0:
-        width = max(int(mask.sum(dim=1).max()), 1)
-        rows = {k: v[:, :width] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v for k, v in rows.items()}
-    return rows
-
-
 @overload
 def sample_batches(x: Tensor, *, steps: int, batch_size: int, seed: int) -> Iterator[Tensor]: ...
 @overload
@@ -383,7 +348,7 @@ def sample_batches(x: Batch, *, steps: int, batch_size: int, seed: int) -> Itera
         for lo in range(0, n - size + 1, size):
             if done == steps:
                 return
-            yield _take(x, perm[lo : lo + size])
+            yield take_rows(x, perm[lo : lo + size])
             done += 1
 
 

@@ -77,21 +77,26 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from torch import Tensor, nn
 
+from experiment.protocol import (
+    ARRAYS,
+    CONFIG,
+    KEPT_WEIGHTS,
+    METRICS,
+    PRUNE_RATIO,
+    PSEUDO_KEPT,
+    TRAIN_LOSS,
+    PruningInstruction,
+    record_of,
+    validate_echo,
+)
+from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.catalog import VariantCatalog
 from models.pruning import PRUNING, UNCERTAINTY, apply_masks, kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
-from strategies.base import HeterogeneousStrategy, Sent, compose, record_nbytes, to_record
-from strategies.codistill import (
-    Batch,
-    batch_size_of,
-    distillation_loss,
-    model_logits,
-    sample_batches,
-    tempered_softmax,
-)
+from strategies.base import HeterogeneousStrategy, Sent, StrategyStateError, compose, record_nbytes, to_record
+from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
 from strategies.validation import (
     ReplyRejected,
-    validate_config,
     validate_evaluate_reply,
     validate_examples_claim,
     validate_num_examples,
@@ -238,22 +243,6 @@ def index_batches(n: int, *, steps: int, batch_size: int, seed: int) -> list[Ten
         torch.as_tensor(b) for b in sample_batches(torch.arange(n), steps=steps, batch_size=batch_size, seed=seed)
     ]
     return out
-
-
-def take_rows(x: Batch, index: Tensor) -> Batch:
-    """Rows ``index`` of an input batch: an image tensor, or text keyword inputs.
-
-    Text inputs (``input_ids``, ``attention_mask``, ... each ``(N, L)``) are cut to the longest
-    kept row's ``attention_mask``: padding beyond it changes no logit of a BERT-style model.
-    """
-    if isinstance(x, Tensor):
-        return x[index]
-    rows = {k: v[index] for k, v in x.items()}
-    mask = rows.get("attention_mask")
-    if mask is not None and mask.dim() == 2 and mask.shape[0] > 0 and mask.shape[1] > 0:
-        width = max(int(mask.sum(dim=1).max()), 1)
-        rows = {k: v[:, :width] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v for k, v in rows.items()}
-    return rows
 
 
 def train_on_labeled(
@@ -633,7 +622,8 @@ class PFedKnow(HeterogeneousStrategy):
         if not self.initialized:
             self.initialize(r)
             self._record = compose(self.state)
-        assert self._record is not None
+        if self._record is None:
+            raise StrategyStateError("pFedKnow has no composed model state to send")
         msgs = list(super().configure_train(server_round, self._record, config, grid))
         self.encode_messages(r)
         return msgs
@@ -645,38 +635,31 @@ class PFedKnow(HeterogeneousStrategy):
         """
         report = self.report(server_round)
         ratio = self.prune_ratio(server_round)
+        instruction = PruningInstruction(ratio, self.delta, self.mode.uncertainty, self.mode.pruning, self.l1)
         for s in self._sent_train.values():
             key = self.node_key(s.node_id)
             payload = to_wire(self.variant_payload(s.node_id, s.variant), self.client_masks(key))
             record = ArrayRecord({k: Array(v) for k, v in payload.items()})
             nbytes = record_nbytes(record)
             content = s.message.content
-            content["arrays"] = record
-            cfg = content["config"]
-            assert isinstance(cfg, ConfigRecord)
-            cfg["prune-ratio"] = ratio
-            cfg["delta"] = self.delta
-            cfg["uncertainty"] = self.mode.uncertainty
-            cfg["pruning"] = self.mode.pruning
-            cfg["l1"] = self.l1
+            content[ARRAYS] = record
+            cfg = record_of(content, CONFIG, ConfigRecord)
+            for k, v in instruction.to_config().items():
+                cfg[k] = v
             report.add(s.variant, "bytes-down", nbytes - s.nbytes)
             report.group(s.variant)[f"bytes-down:{key}"] = float(nbytes)
             s.nbytes = nbytes
-        report.group(self.variant)["prune-ratio"] = ratio
+        report.group(self.variant)[PRUNE_RATIO] = ratio
 
     def _validate(self, rec: Sent, reply: Message, server_round: int) -> tuple[Upload, int, MetricRecord]:
         content = reply.content
-        validate_config(content, variant=rec.variant, server_round=server_round)
-        metrics = content.get("metrics")
-        if not isinstance(metrics, MetricRecord):
-            raise ReplyRejected("reply has no MetricRecord under 'metrics'")
-        n = validate_num_examples(metrics, key="num-examples", max_examples=self.max_examples)
+        validate_echo(content, variant=rec.variant, server_round=server_round)
+        metrics = record_of(content, METRICS, MetricRecord, error=ReplyRejected)
+        n = validate_num_examples(metrics, max_examples=self.max_examples)
         profile = self.profiles.get(rec.node_id)
         if profile is not None:
             validate_examples_claim(n, profile.num_examples)
-        arrays = content.get("arrays")
-        if not isinstance(arrays, ArrayRecord):
-            raise ReplyRejected("reply has no ArrayRecord under 'arrays'")
+        arrays = record_of(content, ARRAYS, ArrayRecord, error=ReplyRejected)
         try:
             payload = {k: np.asarray(a.numpy()) for k, a in arrays.items()}
         except Exception as exc:  # corrupt bytes
@@ -722,8 +705,8 @@ class PFedKnow(HeterogeneousStrategy):
             report.add(self.variant, "payload-bytes-up", payload_nbytes(encode_payload(up.params, up.masks)))
             report.add(self.variant, "payload-bytes-up-dense", 4 * sum(t.numel() for t in up.params.values()))
             group[f"bytes-up:{up.key}"] = float(nbytes)
-            client_stats.setdefault("kept-weights", []).append(kept_fraction(up.masks))
-            for k in ("pseudo-kept", "train-loss"):
+            client_stats.setdefault(KEPT_WEIGHTS, []).append(kept_fraction(up.masks))
+            for k in (PSEUDO_KEPT, TRAIN_LOSS):
                 v = metrics.get(k)
                 if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
                     client_stats.setdefault(k, []).append(float(v))
@@ -738,7 +721,7 @@ class PFedKnow(HeterogeneousStrategy):
         group["server-seconds"] = time.perf_counter() - t0
         self._record = compose(self.state)
         out = MetricRecord({f"{self.variant}/clients": len(uploads)})
-        for k in ("upload-saving", "kept-weights", "pseudo-kept"):
+        for k in ("upload-saving", KEPT_WEIGHTS, PSEUDO_KEPT):
             if k in group:
                 out[f"{self.variant}/{k}"] = group[k]
         log(

@@ -17,10 +17,32 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import Tensor
 
+from experiment.protocol import (
+    ARRAYS,
+    METRICS,
+    ReplyRejected,
+    record_of,
+    validate_echo,
+    validate_evaluate_metrics,
+    validate_examples_claim,
+    validate_num_examples,
+)
 from models.catalog import ParamSpec
+
+__all__ = [
+    "ReplyRejected",
+    "all_finite",
+    "decode_array",
+    "non_finite_reason",
+    "validate_arrays",
+    "validate_evaluate_reply",
+    "validate_examples_claim",
+    "validate_num_examples",
+    "validate_train_reply",
+]
 
 # decode_array's tensors are views of the reply's immutable payload bytes, never written to
 # (see its docstring).  Torch warns about wrapping a non-writable array once per process:
@@ -28,19 +50,6 @@ from models.catalog import ParamSpec
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)
     torch.from_numpy(np.frombuffer(b"\0\0\0\0", dtype=np.float32))
-
-
-class ReplyRejected(Exception):
-    """A client reply failed validation; ``str(exc)`` is the reason."""
-
-
-def _record(content: RecordDict, key: str, kind: type) -> object:
-    if key not in content:
-        raise ReplyRejected(f"reply has no {kind.__name__} under {key!r}")
-    rec = content[key]
-    if not isinstance(rec, kind):
-        raise ReplyRejected(f"{key!r} is a {type(rec).__name__}, expected {kind.__name__}")
-    return rec
 
 
 def validate_arrays(
@@ -164,43 +173,6 @@ def all_finite(t: Tensor) -> bool:
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
-def validate_num_examples(metrics: MetricRecord, *, key: str, max_examples: int) -> int:
-    """Return the example count: an integer in ``1 .. max_examples``."""
-    if key not in metrics:
-        raise ReplyRejected(f"metrics lack {key!r}")
-    raw = metrics[key]
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise ReplyRejected(f"{key} is not a number: {raw!r}")
-    value = float(raw)
-    if not math.isfinite(value) or value != int(value):
-        raise ReplyRejected(f"{key} must be a whole number, got {raw!r}")
-    if not 1 <= value <= max_examples:
-        raise ReplyRejected(f"{key} = {raw!r} outside 1..{max_examples}")
-    return int(value)
-
-
-def validate_examples_claim(num_examples: int, reported: int) -> None:
-    """Reject a reply claiming more training examples than its node reported in the handshake.
-
-    A node's weight in every mean is its example count, so inflating it is the cheapest way
-    to dominate an aggregate: ``num_examples <= reported`` is required whenever the node
-    reported a positive count (``reported = 0`` means unknown and is not checked).
-    """
-    if reported > 0 and num_examples > reported:
-        raise ReplyRejected(f"num-examples = {num_examples} exceeds the {reported} the node reported in the handshake")
-
-
-def validate_config(content: RecordDict, *, variant: str, server_round: int) -> ConfigRecord:
-    """Check the reply echoes the variant and round the server sent."""
-    cfg = _record(content, "config", ConfigRecord)
-    assert isinstance(cfg, ConfigRecord)
-    if cfg.get("variant") != variant:
-        raise ReplyRejected(f"reply is for variant {cfg.get('variant')!r}, node was sent {variant!r}")
-    if cfg.get("server-round") != server_round:
-        raise ReplyRejected(f"reply is for round {cfg.get('server-round')!r}, expected {server_round}")
-    return cfg
-
-
 def validate_train_reply(
     content: RecordDict,
     *,
@@ -212,14 +184,13 @@ def validate_train_reply(
 ) -> tuple[dict[str, Tensor], int, MetricRecord]:
     """Validate a whole training reply; return ``(tensors, num_examples, metrics)``.
 
-    ``check_finite`` as in :func:`validate_arrays`.
+    The protocol part (echo, example count) is :mod:`experiment.protocol`'s; ``check_finite``
+    as in :func:`validate_arrays`.
     """
-    validate_config(content, variant=variant, server_round=server_round)
-    metrics = _record(content, "metrics", MetricRecord)
-    assert isinstance(metrics, MetricRecord)
-    n = validate_num_examples(metrics, key="num-examples", max_examples=max_examples)
-    arrays = _record(content, "arrays", ArrayRecord)
-    assert isinstance(arrays, ArrayRecord)
+    validate_echo(content, variant=variant, server_round=server_round)
+    metrics = record_of(content, METRICS, MetricRecord, error=ReplyRejected)
+    n = validate_num_examples(metrics, max_examples=max_examples)
+    arrays = record_of(content, ARRAYS, ArrayRecord, error=ReplyRejected)
     return validate_arrays(arrays, expected, check_finite=check_finite), n, metrics
 
 
@@ -227,16 +198,6 @@ def validate_evaluate_reply(
     content: RecordDict, *, variant: str, server_round: int, max_examples: int
 ) -> tuple[int, float, float]:
     """Validate an evaluation reply; return ``(num_examples, loss, accuracy)``."""
-    validate_config(content, variant=variant, server_round=server_round)
-    metrics = _record(content, "metrics", MetricRecord)
-    assert isinstance(metrics, MetricRecord)
-    n = validate_num_examples(metrics, key="num-examples", max_examples=max_examples)
-    values = []
-    for key in ("loss", "accuracy"):
-        v = metrics.get(key)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise ReplyRejected(f"{key} missing or not a finite number: {v!r}")
-        values.append(float(v))
-    if not 0.0 <= values[1] <= 1.0:
-        raise ReplyRejected(f"accuracy {values[1]} outside [0, 1]")
-    return n, values[0], values[1]
+    validate_echo(content, variant=variant, server_round=server_round)
+    metrics = record_of(content, METRICS, MetricRecord, error=ReplyRejected)
+    return validate_evaluate_metrics(metrics, max_examples=max_examples)

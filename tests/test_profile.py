@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from client.profile import cgroup_memory_limit_mb, device_profile, tier_for_partition
+from client.profile import (
+    NodeConfigError,
+    cgroup_memory_limit_mb,
+    device_profile,
+    node_config_int,
+    node_config_number,
+    tier_for_partition,
+)
 from models.catalog import choose_variant
 
 TIERS = ["weak", "medium", "strong"]
@@ -36,6 +43,18 @@ def test_profile_precedence() -> None:
     assert p.source == "simulation" and p.memory_mb == BUDGETS[p.tier]
     with pytest.raises(ValueError, match="memory-mb"):
         device_profile({"memory-mb": "lots"}, cgroup_limit_mb=None, **kw)
+    with pytest.raises(NodeConfigError, match="'partition-id' must be a whole number"):
+        device_profile({"partition-id": 1.5, "num-partitions": 3}, cgroup_limit_mb=None, **kw)
+
+
+def test_node_config_numbers_accept_what_flower_parses_and_name_the_key() -> None:
+    assert node_config_int({"partition-id": 3}, "partition-id") == 3
+    assert node_config_int({"partition-id": "3"}, "partition-id") == 3
+    assert node_config_number({"memory-mb": 512.5}, "memory-mb") == 512.5
+    with pytest.raises(NodeConfigError, match="'num-partitions' must be a number, got None"):
+        node_config_int({}, "num-partitions")
+    with pytest.raises(NodeConfigError, match="'memory-mb' must be a number, got True"):
+        node_config_number({"memory-mb": True}, "memory-mb")
 
 
 def test_cgroup_limit_parsing(tmp_path: Path) -> None:
