@@ -53,8 +53,8 @@ from torch import Tensor
 from bench.common import write_report
 from bench.heterofl_aggregation import Timing
 from experiment import registry
+from experiment.config import RunConfig
 from server.app import build_strategy
-from server.config import RunConfig
 from strategies.base import HeterogeneousStrategy, NodeProfile, Sent
 from strategies.heterofl import HeteroFL
 from strategies.validation import _header_bytes, _npy_header

@@ -78,7 +78,7 @@ def _strategy(model: str, method: str) -> HeterogeneousStrategy:
 
 
 def _config(model: str, method: str) -> Any:
-    from server.config import RunConfig
+    from experiment.config import RunConfig
 
     return RunConfig.model_validate({**EXTRA_MODELS[model], "method": method})
 

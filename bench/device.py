@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from bench.common import write_report
+from experiment.config import RunConfig
 from models.training import TrainSettings, resolve_device, train_classifier, use_threads
-from server.config import RunConfig
 
 #: ``name -> RunConfig keys``: the paper presets' largest client models (deploy/suites/*.toml).
 CASES: dict[str, dict[str, Any]] = {

@@ -32,10 +32,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.supercore.task_identity import TaskIdentity
 
 from client.pfedknow import local_unlabeled, pfedknow_round
+from experiment.config import RunConfig
 from models.data import load_partition
 from models.training import evaluate_classifier
 from server.app import build_strategy
-from server.config import RunConfig
 from strategies.base import NodeProfile
 from strategies.codistill import batch_size_of
 from strategies.pfedknow import PFedKnow, personalization_split

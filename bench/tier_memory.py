@@ -38,9 +38,9 @@ def child(case: str, variant: str, steps: int) -> dict[str, Any]:
     """Train ``variant`` of ``case`` for ``steps`` batches in this fresh process; return the numbers."""
     import torch
 
+    from experiment.config import RunConfig
     from models.memory_probe import PeakSampler, anon_rss_mb
     from models.training import logits_and_loss, make_optimizer
-    from server.config import RunConfig
 
     cfg = RunConfig.model_validate(CASES[case])
     v = cfg.catalog.get(variant)
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if a.child:
         print(json.dumps(child(a.child[0], a.child[1], a.steps)))
         return {}
-    from server.config import RunConfig
+    from experiment.config import RunConfig
 
     rows = []
     print(f"{'case':<14}{'variant':<9}{'params M':>9}{'batch':>6}{'est MB':>8}{'meas MB':>9}{'est/meas':>9}")

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from client.pfedknow import pfedknow_train
 from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile, node_config_int
+from experiment.config import RunConfig
 from experiment.protocol import (
     ARRAYS,
     CATALOG,
@@ -43,7 +44,6 @@ from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
 from models.training import evaluate_classifier, model_device, train_classifier, use_threads
-from server.config import RunConfig
 
 app = ClientApp()
 

@@ -22,6 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from experiment.config import ConfigError, RunConfig
 from experiment.registry import FactoryNotFound, load_factory
 from models.data import (
     DataSpec,
@@ -43,7 +44,6 @@ from server.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from server.config import ConfigError, RunConfig
 from server.factories import strategy_options
 from server.results import ResultsWriter, majority_rate
 from strategies.base import HeterogeneousStrategy

@@ -17,21 +17,36 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from experiment.config import ConfigError, RunConfig, split_list
 from experiment.registry import MethodEntry
 from models.codist import unlabeled_image_crops, unlabeled_images
 from models.data import load_splits, read_guardian_headlines, server_labeled_set, text_inputs
 from models.family import ArchitectureFamily, CNNFamily, TransformerFamily
 from models.images import image_tensors, mixed_domains
 from models.transformer import build_model, full_config, load_tokenizer, resolve_source
-from server.config import ConfigError, RunConfig
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
 from strategies.codistill import Batch, CoDistillation, DistillConfig
+from strategies.fedadam import FedAdamConfig
 from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL, WidthRules
 from strategies.inclusivefl import InclusiveFL
 from strategies.pfedknow import MODES as PFEDKNOW_MODES
 from strategies.pfedknow import PFedKnow, PFedKnowSettings, text_mode
+
+
+def fedadam(cfg: RunConfig) -> FedAdamConfig:
+    """The server optimizer's settings: ``server-lr``, ``server-beta1``, ``server-beta2``, ``server-tau``."""
+    return FedAdamConfig(eta=cfg.server_lr, beta_1=cfg.server_beta1, beta_2=cfg.server_beta2, tau=cfg.server_tau)
+
+
+def fedadam_per_tier(cfg: RunConfig) -> dict[str, FedAdamConfig]:
+    """One server optimizer per tier (pool): ``tier-server-lr``'s eta, else ``server-lr``'s."""
+    base = fedadam(cfg)
+    if not cfg.tier_server_lr:
+        return dict.fromkeys(cfg.tier_names, base)
+    rates = [float(x) for x in split_list(cfg.tier_server_lr, "tier-server-lr")]
+    return {t: dataclasses.replace(base, eta=eta) for t, eta in zip(cfg.tier_names, rates, strict=True)}
 
 
 def strategy_options(cfg: RunConfig, entry: MethodEntry) -> dict[str, Any]:
@@ -52,7 +67,7 @@ def strategy_options(cfg: RunConfig, entry: MethodEntry) -> dict[str, Any]:
 
 def inclusivefl(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> HeterogeneousStrategy:
     """InclusiveFL with ``beta`` and ``inclusivefl-server-adam`` from the run config."""
-    return InclusiveFL(beta=cfg.beta, adam=cfg.fedadam(), server_adam=cfg.inclusivefl_server_adam, **common)
+    return InclusiveFL(beta=cfg.beta, adam=fedadam(cfg), server_adam=cfg.inclusivefl_server_adam, **common)
 
 
 def one_variant(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> HeterogeneousStrategy:
@@ -63,7 +78,7 @@ def one_variant(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -
     """
     if cfg.uses_width:
         return heterofl(cfg, entry, common)
-    return InclusiveFL(beta=0.0, adam=cfg.fedadam(), server_adam="per-tier", **common)
+    return InclusiveFL(beta=0.0, adam=fedadam(cfg), server_adam="per-tier", **common)
 
 
 def local(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> HeterogeneousStrategy:
@@ -78,7 +93,7 @@ def heterofl(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> H
         full=cfg.catalog.largest,
         rolling=entry.mode == "rolling",
         server_optimizer=cfg.heterofl_server_optimizer,
-        adam=cfg.fedadam(),
+        adam=fedadam(cfg),
         **common,
     )
 
@@ -107,7 +122,7 @@ def codistillation(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]
         mode=entry.mode,  # type: ignore[arg-type]
         alpha=cfg.codist_alpha,
         period=cfg.codist_period,
-        adam=cfg.fedadam_per_tier(),
+        adam=fedadam_per_tier(cfg),
         distill=DistillConfig(
             steps=cfg.distill_steps,
             temperature=cfg.distill_temperature,

@@ -8,7 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from server.config import RunConfig
+from experiment.config import RunConfig
 
 #: Tiny model, short rounds: enough to exercise every tier and every message type.
 TINY = (

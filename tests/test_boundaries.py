@@ -23,10 +23,8 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "experiment": frozenset({"client", "server", "strategies", "deploy", "bench"}),
 }
 
-#: Imports still allowed across a boundary, with the stage of docs/design/redesign-plan.md that
-#: removes them: the ClientApp reads the run config from server/config.py until it moves to
-#: experiment/ (stage 3).
-ALLOWED: frozenset[tuple[str, str]] = frozenset({("client/app.py", "server.config")})
+#: Imports allowed across a boundary (file, module), each with the reason; none left.
+ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 RECORD_NAMES = frozenset({"arrays", "config", "metrics", "profile", "catalog"})
 

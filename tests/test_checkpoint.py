@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from experiment.config import ConfigError, RunConfig
 from server.app import build_strategy, checkpoint_folder, restore, resume_point
 from server.checkpoint import (
     CheckpointCorrupt,
@@ -27,7 +28,6 @@ from server.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from server.config import ConfigError, RunConfig
 from server.results import ResultsWriter
 from strategies.base import HeterogeneousStrategy, NodeProfile
 from strategies.baselines import LocalTraining

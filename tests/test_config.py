@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.launch import config_file_overrides, merge_overrides
+from experiment.config import ConfigError, RunConfig
 from models.catalog import choose_variant
 from server.app import build_strategy
-from server.config import ConfigError, RunConfig
 from strategies.codistill import CoDistillation
 from strategies.flexifed import FlexiFed
 from strategies.inclusivefl import InclusiveFL

@@ -26,8 +26,8 @@ from deploy.launch import (
     wait_rounds,
     write_connection,
 )
+from experiment.config import RunConfig
 from models.catalog import choose_variant
-from server.config import RunConfig
 from tests.flower_runs import TINY, read_rounds
 
 PORTS = Ports(fleet=19592, control=19593, supernode=19594)

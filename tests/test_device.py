@@ -15,8 +15,8 @@ import torch
 import deploy.experiments as ex
 import deploy.launch as launch
 from deploy.launch import check_gpus_per_client
+from experiment.config import ConfigError, RunConfig
 from models.training import batch_to, resolve_device
-from server.config import ConfigError, RunConfig
 from tests.handlers import IMAGES, TEXT, arrays, call, metric, task_identity  # noqa: F401 (fixture)
 
 CUDA = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -12,7 +12,7 @@ import pytest
 
 from deploy import experiments as ex
 from deploy.experiments import Cell, Preset, RunResult, Suite, SuiteError, SuiteRun
-from server.config import RunConfig
+from experiment.config import RunConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from experiment.config import RunConfig
 from models.cnn import ConvNet
 from models.data import DataSpec, load_partition
 from models.family import CNNFamily, TransformerFamily
 from models.training import TrainSettings, evaluate_classifier, logits_and_loss, train_classifier
-from server.config import RunConfig
 from strategies.flexifed import architecture_plan, check_layers
 from strategies.heterofl import WidthRules, extract_submodel
 

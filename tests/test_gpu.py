@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from experiment.config import RunConfig
 from models.training import resolve_device
 from server.app import CentralEvaluator, build_strategy
-from server.config import RunConfig
 from strategies.codistill import CoDistillation, distill
 from tests.handlers import IMAGES, TEXT, arrays, call, metric, task_identity  # noqa: F401 (fixture)
 

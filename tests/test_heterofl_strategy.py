@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import BertConfig
 
+from experiment.config import RunConfig
 from models.transformer import (
     TransformerSpec,
     bert_width_rules,
@@ -14,8 +15,8 @@ from models.transformer import (
     matched_width_rates,
     width_config,
 )
+from server import factories
 from server.app import build_strategy
-from server.config import RunConfig
 from strategies.heterofl import HeteroFL
 from tests.toy import reply, sent, trained
 
@@ -100,7 +101,7 @@ def test_fedadam_server_optimizer_applies_the_coverage_delta() -> None:
     payload = {k: v for k, v in s.variant_payload(3, "strong").items() if k != "bert.embeddings.word_embeddings.weight"}
     s.aggregate_train(1, [reply(sent(s, 3, "strong"), trained(payload, 0.5))])
     # first FedAdam step on a constant delta d: eta_t * (0.1 d) / (0.1 |d| + tau) ~ eta_t
-    a = cfg.fedadam()
+    a = factories.fedadam(cfg)
     eta_t = a.eta * (1 - a.beta_2**2) ** 0.5 / (1 - a.beta_1**2)
     step = s.state["global"][Q] - before[Q]
     torch.testing.assert_close(step, torch.full_like(step, eta_t * 0.05 / (0.05 + a.tau)))

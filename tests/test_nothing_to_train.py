@@ -9,8 +9,8 @@ from flwr.app import ConfigRecord, Message
 
 import client.app as app
 from deploy.launch import failure_reason
+from experiment.config import RunConfig
 from server.app import build_strategy
-from server.config import RunConfig
 from strategies.base import NothingToTrain, nothing_to_train_message
 from tests.handlers import context, task_identity  # noqa: F401  (fixture)
 
@@ -76,7 +76,7 @@ def test_the_launcher_finds_the_typed_error_in_flowers_traceback() -> None:
         "strategies.base.NothingToTrain: nothing to train in round 1: all 3 connected nodes declined (...)\n"
     )
     assert failure_reason(log) == "NothingToTrain: nothing to train in round 1: all 3 connected nodes declined (...)"
-    assert failure_reason("server.config.ConfigError: run config 'method': 'x' is not") == (
+    assert failure_reason("experiment.config.ConfigError: run config 'method': 'x' is not") == (
         "ConfigError: run config 'method': 'x' is not"
     )
     assert failure_reason("all went well") is None

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiment.config import PFEDKNOW_METHODS, ConfigError, RunConfig
 from models.data import DataError, DataSpec, load_partition, load_splits, server_labeled_set, server_test_set
 from server.app import build_strategy
-from server.config import PFEDKNOW_METHODS, ConfigError, RunConfig
 from server.factories import pfedknow_labeled_set
 from strategies.pfedknow import MODES, PFedKnow
 

@@ -16,13 +16,13 @@ from torch import Tensor, nn
 
 import client.pfedknow as client_pfedknow
 from client.pfedknow import fine_tune, pfedknow_round, prune_masks, pseudo_label, unlabeled_texts, uploaded_names
+from experiment.config import ConfigError, RunConfig
 from models.data import DataSpec, text_inputs
 from models.family import TransformerFamily
 from models.pruning import apply_masks, transformer_prunable
 from models.training import TrainSettings
 from models.transformer import WORD_EMBEDDINGS, TransformerSpec, build_model, depth_catalog, load_tokenizer
 from server.app import build_strategy
-from server.config import ConfigError, RunConfig
 from strategies.base import NodeProfile, Sent, record_nbytes, to_record
 from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings, take_rows, text_mode
 from tests.test_pfedknow_strategy import send as send_to

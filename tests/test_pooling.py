@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import BertForSequenceClassification
 
+from experiment.config import RunConfig
 from models.transformer import (
     MeanPooledBertForSequenceClassification,
     TransformerSpec,
@@ -14,7 +15,6 @@ from models.transformer import (
     depth_layout,
     masked_mean,
 )
-from server.config import RunConfig
 
 TINY = TransformerSpec(source="tiny")
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from server.config import ConfigError, RunConfig
+from experiment.config import ConfigError, RunConfig
 from strategies.inclusivefl import InclusiveFL
 from strategies.streaming import StreamingMean
 from strategies.validation import ReplyRejected, validate_train_reply

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from experiment import registry
+from experiment.config import ConfigError, RunConfig
 from experiment.registry import METHODS, FactoryNotFound, MethodEntry, UnknownMethod, family_kind, load_factory, lookup
 from server.app import build_strategy
-from server.config import ConfigError, RunConfig
 from server.factories import pfedknow_settings
 from strategies.baselines import LocalTraining
 from strategies.codistill import CoDistillation

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from experiment.config import ConfigError, RunConfig
 from server.app import build_strategy
-from server.config import ConfigError, RunConfig
 from strategies.base import NodeProfile
 from strategies.baselines import LocalTraining
 from strategies.fedadam import FedAdamConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deploy.launch import run_simulation
-from server.config import RunConfig
+from experiment.config import RunConfig
 from tests.flower_runs import TINY, read_rounds, tiny_budgets, tiny_depths, tiny_trainable_bytes
 
 

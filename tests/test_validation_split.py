@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from experiment.config import RunConfig
 from models.data import DataError, DataSpec, load_partition, load_splits, server_test_set
-from server.config import RunConfig
 
 
 def _rows(path: Path, n: int, start: int) -> None:

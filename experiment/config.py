@@ -8,7 +8,6 @@ unknown keys are rejected.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from functools import cached_property
@@ -29,7 +28,6 @@ from models.family import ArchitectureFamily, CNNFamily, ModelFamily, Transforme
 from models.images import IMAGE_DOMAINS
 from models.training import DEVICE_PATTERN, TrainSettings, resolve_device
 from models.transformer import TransformerSpec, depth_catalog, full_config, matched_width_rates, width_catalog
-from strategies.fedadam import FedAdamConfig
 
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = registry.names(width_tiers=True)
@@ -556,20 +554,6 @@ class RunConfig(BaseModel):
             return resolve_device(self.device)
         except ValueError as exc:
             raise ConfigError(f"run config 'device': {exc}") from None
-
-    def fedadam(self) -> FedAdamConfig:
-        """Server optimizer settings."""
-        return FedAdamConfig(
-            eta=self.server_lr, beta_1=self.server_beta1, beta_2=self.server_beta2, tau=self.server_tau
-        )
-
-    def fedadam_per_tier(self) -> dict[str, FedAdamConfig]:
-        """One server optimizer per tier (pool): ``tier-server-lr``'s eta, else ``server-lr``'s."""
-        base = self.fedadam()
-        if not self.tier_server_lr:
-            return dict.fromkeys(self.tier_names, base)
-        rates = [float(x) for x in split_list(self.tier_server_lr, "tier-server-lr")]
-        return {t: dataclasses.replace(base, eta=eta) for t, eta in zip(self.tier_names, rates, strict=True)}
 
     @property
     def width_rates(self) -> list[float]:
