@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from models.catalog import tier_counts
+
 _CGROUP_FILES = (
     Path("/sys/fs/cgroup/memory.max"),
     Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
@@ -102,17 +104,13 @@ def tier_for_partition(
     """Emulated tier of a simulated client.
 
     Tier counts follow ``proportions`` by largest remainder over ``num_partitions``
-    clients; the assignment of tiers to partition ids is a seeded permutation, so it
-    is the same in every process and fixed for the whole run.
+    clients (:func:`models.catalog.tier_counts`); the assignment of tiers to partition ids is
+    a seeded permutation, so it is the same in every process and fixed for the whole run.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} out of range 0..{num_partitions - 1}")
-    p = np.asarray(proportions, dtype=float)
-    quota = p / p.sum() * num_partitions
-    counts = np.floor(quota).astype(int)
-    for i in np.argsort(-(quota - counts), kind="stable")[: num_partitions - counts.sum()]:
-        counts[i] += 1
-    labels = [t for t, c in zip(tiers, counts, strict=True) for _ in range(int(c))]
+    counts = tier_counts(num_partitions, proportions)
+    labels = [t for t, c in zip(tiers, counts, strict=True) for _ in range(c)]
     order = np.random.default_rng(seed).permutation(num_partitions)
     return labels[int(order[partition_id])]
 

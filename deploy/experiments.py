@@ -752,6 +752,31 @@ def _rounds_of(run_config: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def check_runs(planned: Sequence[PlannedRun]) -> None:
+    """Pre-flight every run before the first starts (:mod:`deploy.preflight`); print each warning once.
+
+    Raises
+    ------
+    SuiteError
+        Naming the run and what its configuration cannot do, so a suite with a bad row stops
+        before hours of the good ones, not after.
+
+    """
+    from deploy.preflight import preflight
+    from experiment.config import ConfigError
+
+    shown: set[str] = set()
+    for pr in planned:
+        try:
+            found = preflight(pr.run_config, num_nodes=pr.supernodes)
+        except ConfigError as exc:
+            raise SuiteError(f"{pr.label} seed {pr.seed}: {exc}") from None
+        for line in found.lines()[1:]:
+            if line not in shown:
+                shown.add(line)
+                print(f"{pr.label}: {line}", flush=True)
+
+
 def run_suite(
     suite: Suite,
     preset: str,
@@ -769,6 +794,7 @@ def run_suite(
     """Launch every planned run that is not done yet; return the finished runs' results and the failures."""
     runs_dir = out / "runs"
     planned = plan_runs(suite, preset, seeds, only, first_seed, gpus_per_client)
+    check_runs([pr for pr in planned if not is_done(runs_dir, pr)])
     done: list[RunResult] = []
     failed: list[PlannedRun] = []
     t_suite = time.time()
@@ -844,11 +870,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_gpus_per_client(gpus)
         except ValueError as exc:
             parser.error(f"{exc} (--gpus-per-client 0 overrides the preset's {gpus:g})")
-    results, failed = run_suite(
-        suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
-        dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
-        gpus_per_client=args.gpus_per_client,
-    )  # fmt: skip
+    try:
+        results, failed = run_suite(
+            suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
+            dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
+            gpus_per_client=args.gpus_per_client,
+        )  # fmt: skip
+    except SuiteError as exc:
+        print(f"pre-flight failed, nothing was started: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:
         return 0
     if not results:

@@ -20,6 +20,10 @@ blocks (:class:`Cluster`, :func:`superlink_command`, :func:`supernode_command`) 
 "hosts" in network namespaces (:mod:`deploy.netns`) or under a memory cgroup
 (:mod:`deploy.cgroup`); see ``docs/DEPLOYING.md``.
 
+Before anything starts, ``simulation`` and ``loopback`` run the pre-flight checks of
+:mod:`deploy.preflight` (keys, values, model, data, partitioning, each tier's variant) and stop
+with the key and the fix when the run cannot do what was asked (exit code 2).
+
 Runtime dependency installation and telemetry are disabled for every component.
 Both run modes check the run's results folder, because ``flwr run --stream`` exits 0
 even when a run fails.
@@ -625,6 +629,28 @@ def host_commands(superlink: str, tiers: Sequence[str], *, tls: bool = False, au
     return lines
 
 
+def run_preflight(run_config: str, *, supernodes: int | None, tiers: Sequence[str] | None) -> str | None:
+    """Run :func:`deploy.preflight.preflight` and print its lines; the error text when the run cannot start.
+
+    ``supernodes``: a simulation's virtual clients; ``tiers``: a loopback cluster's node tiers.
+    """
+    from collections import Counter
+
+    from deploy.preflight import preflight
+    from experiment.config import ConfigError
+
+    try:
+        found = preflight(
+            run_config,
+            num_nodes=supernodes if tiers is None else len(tiers),
+            nodes_per_tier=dict(Counter(tiers)) if tiers is not None else None,
+        )
+    except ConfigError as exc:
+        return str(exc)
+    print("\n".join(found.lines()), flush=True)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -635,6 +661,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--run-config", default="", help="extra run-config overrides 'k=v k2=v2' (after --config)")
         p.add_argument("--results-dir", default=str(ROOT / "results"))
         p.add_argument("--run-name", default="")
+        p.add_argument(
+            "--skip-preflight", action="store_true", help="start without the pre-flight checks (deploy/preflight.py)"
+        )
         if name == "simulation":
             p.add_argument("--supernodes", type=int, default=6)
             p.add_argument("--cpus-per-client", type=float, default=1.0)
@@ -659,7 +688,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_name = args.run_name or f"{args.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     results = Path(args.results_dir).resolve()
     if args.config is not None:
+        if not args.config.is_file():
+            parser.error(f"--config {args.config}: no such file (the run configs are in deploy/configs/)")
         args.run_config = merge_overrides(config_file_overrides(args.config), args.run_config)
+    if not args.skip_preflight:
+        tiers = args.tiers.split(",") if args.mode == "loopback" else None
+        problem = run_preflight(args.run_config, supernodes=getattr(args, "supernodes", None), tiers=tiers)
+        if problem is not None:
+            print(f"pre-flight failed, nothing was started: {problem}", file=sys.stderr)
+            return 2
     if args.mode == "simulation":
         outcome = run_simulation(
             supernodes=args.supernodes, run_config=args.run_config, results_dir=results,

@@ -15,9 +15,11 @@ tensors ``None``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+import numpy as np
 
 Role = Literal["shared", "isolated", "head"]
 
@@ -194,6 +196,21 @@ class VariantCatalog:
     def largest(self) -> Variant:
         """Last (largest) variant."""
         return self.variants[-1]
+
+
+def tier_counts(num_nodes: int, proportions: Sequence[float]) -> list[int]:
+    """Nodes per tier when ``num_nodes`` are split in ``proportions``, by largest remainder.
+
+    ``q_i = p_i / sum(p) * N``; each tier gets ``floor(q_i)``, and the ``N - sum floor(q)``
+    left over go one each to the largest remainders ``q_i - floor(q_i)`` (ties: the earlier
+    tier).  E.g. ``N = 10``, ``1:1:1`` gives ``[4, 3, 3]``.
+    """
+    p = np.asarray(proportions, dtype=float)
+    quota = p / p.sum() * num_nodes
+    counts = np.floor(quota).astype(int)
+    for i in np.argsort(-(quota - counts), kind="stable")[: num_nodes - counts.sum()]:
+        counts[i] += 1
+    return [int(c) for c in counts]
 
 
 def choose_variant(estimates_mb: Mapping[str, float], budget_mb: float, overhead_mb: float) -> tuple[str | None, str]:

@@ -1,0 +1,203 @@
+"""Pre-flight: check a run's whole configuration before any SuperLink, SuperNode or Ray starts (issue 23).
+
+What Flower and the apps would find only after start-up (a SuperLink, the FAB install, Ray and
+the ServerApp take half a minute or more), found here in seconds, with the key and the fix:
+
+1. the override keys are declared in ``pyproject.toml`` (Flower rejects others with "Invalid
+   run configuration" and no key; here: the key and the closest declared one);
+2. the merged run config validates (:meth:`experiment.config.RunConfig.from_flower`: values,
+   method/model/data compatibility, a registered method with "did you mean");
+3. the model resolves: shipped, a local folder, or a hub id in the local cache -- else a hub id
+   it would fetch (a warning) or a typo of a shipped name (an error);
+4. the data resolves: shipped (``embedded:``), a local path, or a hub id (a path that does not
+   exist is an error, not a hub id); then the partitioning every client would draw is drawn;
+5. the tiers: the variant each tier's nodes will take (:mod:`experiment.preflight`): an error
+   when no node can train, warnings when a tier or a variant trains nowhere.
+
+Nothing here imports the ClientApp or the ServerApp.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+from flwr.common.config import parse_config_args
+from huggingface_hub import try_to_load_from_cache
+
+from experiment.config import ConfigError, RunConfig
+from experiment.preflight import TierAssignment, check_plan, no_effect_warnings, plan_tiers, simulated_tier_nodes
+from experiment.registry import ARCH_FAMILIES
+from models import cnn
+from models.codist import FAMILY as CODIST_MODEL
+from models.data import EMBEDDED_PREFIX, EMBEDDED_SETS, DataError, check_partitioning
+from models.transformer import EMBEDDED_MODEL, TINY_MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: File endings that make a ``dataset`` value a path (a missing one is an error, never a hub id).
+_PATH_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt", ".tsv", ".arrow", ".bz2", ".gz")
+
+
+class PreflightError(ConfigError):
+    """The run cannot do what was asked; ``str(exc)`` names the key and the fix."""
+
+
+@dataclass
+class Preflight:
+    """What pre-flight found: the validated config, each tier's plan, and warnings."""
+
+    config: RunConfig
+    tiers: list[TierAssignment]
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """A few console lines: the tiers' variants, then notes and warnings."""
+        cfg = self.config
+        plan = (
+            ", ".join(f"{a.tier} x{a.nodes} ({a.budget_mb:.0f} MiB) -> {a.variant or 'declines'}" for a in self.tiers)
+            or "checked at start (the model is not local)"
+        )
+        out = [f"pre-flight: {cfg.method} on {cfg.model}, {cfg.dataset}; tiers: {plan}"]
+        out += [f"pre-flight note: {n}" for n in self.notes]
+        out += [f"pre-flight WARNING: {w}" for w in self.warnings]
+        return out
+
+
+def declared_defaults(root: Path = ROOT) -> dict[str, Any]:
+    """The run-config keys ``pyproject.toml`` declares, with their defaults (``[tool.flwr.app.config]``)."""
+    with (root / "pyproject.toml").open("rb") as f:
+        table: dict[str, Any] = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    return table
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    """``k=v k2='s'`` as ``flwr run --run-config`` parses it (TOML values)."""
+    try:
+        return dict(parse_config_args([text]) if text.strip() else {})
+    except click.ClickException as exc:
+        raise PreflightError(f"--run-config {text!r}: {exc.message}") from None
+
+
+def check_keys(overrides: Mapping[str, object], declared: Mapping[str, object]) -> None:
+    """Raise :class:`PreflightError` for a key ``pyproject.toml`` does not declare, with the closest ones."""
+    unknown = [k for k in overrides if k not in declared]
+    if not unknown:
+        return
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, list(declared), n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        parts.append(f"run config {key!r} is not a key of this app{hint}")
+    raise PreflightError("; ".join(parts) + "; the keys are [tool.flwr.app.config] in pyproject.toml")
+
+
+def shipped_models() -> list[str]:
+    """``model`` values that need no download: the embedded transformers and every image family."""
+    return [EMBEDDED_MODEL, TINY_MODEL, *cnn.MODEL_NAMES, *ARCH_FAMILIES, CODIST_MODEL]
+
+
+def _in_hub_cache(repo_id: str, filename: str, repo_type: str = "model") -> bool:
+    try:
+        found = try_to_load_from_cache(repo_id, filename, repo_type=repo_type)
+    except Exception:  # an id the hub client rejects (e.g. a path with spaces) is not cached
+        return False
+    return isinstance(found, str)
+
+
+def check_model(cfg: RunConfig, cwd: Path) -> str | None:
+    """Raise for a ``model`` that is a typo of a shipped one; return a warning for one to be downloaded."""
+    shipped = shipped_models()
+    model = cfg.model
+    if model in shipped or (cwd / model).expanduser().is_dir() or Path(model).expanduser().is_dir():
+        return None
+    if _in_hub_cache(model, "config.json"):
+        return None
+    close = difflib.get_close_matches(model, shipped, n=1, cutoff=0.6)
+    if close or "/" not in model:
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise PreflightError(
+            f"run config 'model': {model!r} is not a shipped model ({', '.join(shipped)}), a local folder "
+            f"or a Hugging Face hub id ('org/name'); {hint}"
+            "a hub id is fetched from the hub at start"
+        )
+    return f"model {model!r} is not in the local Hugging Face cache: every process will fetch it from the hub"
+
+
+def check_dataset(cfg: RunConfig, cwd: Path) -> str | None:
+    """Raise for a ``dataset`` that looks like a path and does not exist; warn for one to be downloaded."""
+    name = cfg.dataset
+    if name.startswith(EMBEDDED_PREFIX):
+        if name[len(EMBEDDED_PREFIX) :] not in EMBEDDED_SETS:
+            shipped = [EMBEDDED_PREFIX + s for s in EMBEDDED_SETS]
+            close = difflib.get_close_matches(name, shipped, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PreflightError(f"run config 'dataset': {name!r} is not shipped{hint}; shipped: {shipped}")
+        return None
+    path = Path(name).expanduser()
+    if path.exists() or (cwd / path).exists():
+        return None
+    looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(_PATH_SUFFIXES) or name.count("/") > 1
+    if looks_like_path:
+        raise PreflightError(
+            f"run config 'dataset': no file or folder {name!r} (relative paths are read from {cwd}); "
+            "a Hugging Face hub dataset is given by its id 'org/name'"
+        )
+    if _in_hub_cache(name, "README.md", repo_type="dataset"):
+        return None
+    return f"dataset {name!r} is neither shipped nor local: it is fetched from the Hugging Face hub at start"
+
+
+def preflight(
+    run_config: str,
+    *,
+    nodes_per_tier: Mapping[str, int] | None = None,
+    num_nodes: int | None = None,
+    cwd: Path = ROOT,
+    root: Path = ROOT,
+) -> Preflight:
+    """Check a run before it starts; raise :class:`PreflightError` (or :class:`ConfigError`) naming the fix.
+
+    Parameters
+    ----------
+    run_config : str
+        The ``--run-config`` overrides (``k=v`` pairs), as the launcher passes them to Flower.
+    nodes_per_tier : Mapping[str, int], optional
+        A deployment's nodes per tier (loopback: its ``--tiers``).
+    num_nodes : int, optional
+        A simulation's virtual clients: tiers follow ``tier-proportions`` and the partitioning
+        into ``num_nodes`` parts is drawn here.
+    cwd, root : Path
+        Where relative paths are read from (Flower runs the apps in the project folder), and the
+        project folder holding ``pyproject.toml``.
+
+    """
+    declared = declared_defaults(root)
+    overrides = parse_overrides(run_config)
+    check_keys(overrides, declared)
+    cfg = RunConfig.from_flower({**declared, **overrides})
+    ignored = no_effect_warnings(cfg, overrides)
+    model_note, data_note = check_model(cfg, cwd), check_dataset(cfg, cwd)
+    notes = [n for n in (model_note, data_note) if n is not None]
+    if model_note is not None:  # its catalog needs the hub's config: the tiers are checked at start
+        return Preflight(cfg, [], ignored, notes)
+    try:
+        cfg.catalog  # noqa: B018  (builds every variant's layout and memory estimate)
+    except (OSError, ValueError) as exc:
+        raise PreflightError(f"run config 'model': {cfg.model!r} does not build: {exc}") from exc
+    if nodes_per_tier is None:
+        nodes_per_tier = simulated_tier_nodes(cfg, num_nodes) if num_nodes else dict.fromkeys(cfg.tier_names, 1)
+    plan = plan_tiers(cfg, nodes_per_tier)
+    warnings = ignored + check_plan(cfg, plan)
+    if num_nodes and data_note is None:
+        try:
+            check_partitioning(cfg.data_spec(), num_nodes)
+        except DataError as exc:
+            raise PreflightError(str(exc)) from None
+    return Preflight(cfg, plan, warnings, notes)

@@ -1,0 +1,162 @@
+"""Which variant each tier's nodes will train, decided before anything starts (issue 23).
+
+A node takes the largest variant of the catalog the server offers whose estimated training
+memory fits its budget with the runtime overhead (:func:`models.catalog.choose_variant`); in
+simulation a tier's nodes all have the tier's emulated budget (``tier-memory-mb``), so the
+whole run's assignment is known from the run config and the node count alone.  That is what
+lets a launcher refuse, before a SuperLink or Ray starts, a run in which no node can train, and
+warn about one in which a tier's variant trains on no node (the run would look heterogeneous
+and not be).  The ServerApp sees the same facts later, node by node, in the handshake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from experiment import registry
+from experiment.config import ConfigError, RunConfig
+from models.catalog import choose_variant, tier_counts
+
+
+class NothingCanTrain(ConfigError):
+    """No node of the run fits any variant the method trains; names the keys that fix it."""
+
+
+@dataclass(frozen=True)
+class TierAssignment:
+    """What one tier's nodes will do.
+
+    Attributes
+    ----------
+    tier : str
+        The tier.
+    nodes : int
+        How many nodes the tier has.
+    budget_mb : float
+        Each node's memory budget (MiB).
+    variant : str or None
+        The variant they take; ``None``: they decline.
+    reason : str
+        :func:`~models.catalog.choose_variant`'s reason.
+
+    """
+
+    tier: str
+    nodes: int
+    budget_mb: float
+    variant: str | None
+    reason: str
+
+
+def simulated_tier_nodes(cfg: RunConfig, num_nodes: int) -> dict[str, int]:
+    """Nodes per tier of a simulation with ``num_nodes`` virtual clients (``tier-proportions``)."""
+    return dict(zip(cfg.tier_names, tier_counts(num_nodes, cfg.proportions), strict=True))
+
+
+def plan_tiers(cfg: RunConfig, nodes_per_tier: Mapping[str, int]) -> list[TierAssignment]:
+    """Each tier's variant, as its nodes will choose it from the method's training catalog.
+
+    Nodes take the largest variant whatever their budget when the method assigns ``largest``
+    (AllLarge).
+    """
+    catalog = cfg.training_catalog
+    estimates = {v.name: float(v.memory.total_mb) for v in catalog}
+    budgets = cfg.memory_budgets
+    plan = []
+    for tier, nodes in nodes_per_tier.items():
+        if tier not in budgets:
+            raise ConfigError(f"node tier {tier!r} is not one of the run's tiers {list(budgets)} (run config 'tiers')")
+        budget = budgets[tier]
+        if cfg.entry.assign == "largest":
+            variant: str | None = catalog.largest.name
+            reason = "every node trains the largest variant (memory ignored)"
+        else:
+            variant, reason = choose_variant(estimates, budget, cfg.runtime_overhead_mb)
+        plan.append(TierAssignment(tier, nodes, budget, variant, reason))
+    return plan
+
+
+def check_plan(cfg: RunConfig, plan: list[TierAssignment]) -> list[str]:
+    """Raise :class:`NothingCanTrain` when no node can train; return warnings about the rest.
+
+    Warnings: a tier with no node (too few nodes for its proportion); for a method that trains
+    every tier's variant (``trains = "all"``), a tier whose nodes decline and a variant no
+    tier's nodes train -- then that part of the model never learns and the run is less
+    heterogeneous than its tiers say.  Methods that train one variant (ExclusiveFL, AllSmall)
+    leave the nodes that do not fit it out by design.
+    """
+    training = [a for a in plan if a.nodes > 0 and a.variant is not None]
+    if not training:
+        declined = "; ".join(f"tier {a.tier} ({a.nodes} nodes): {a.reason}" for a in plan if a.nodes > 0)
+        raise NothingCanTrain(
+            f"no node can train: {declined}; give the tiers budgets their variants fit (run config "
+            "'tier-memory-mb', e.g. 'auto' in simulation, or a lower 'runtime-overhead-mb') or a smaller 'model'"
+        )
+    warnings = [
+        f"tier {a.tier!r} has no node ({sum(b.nodes for b in plan)} nodes split {cfg.tier_proportions}): "
+        "add nodes or change 'tier-proportions'"
+        for a in plan
+        if a.nodes == 0
+    ]
+    if cfg.entry.trains != "all":
+        return warnings
+    for a in plan:
+        if a.nodes > 0 and a.variant is None:
+            warnings.append(f"tier {a.tier!r} ({a.nodes} nodes) trains nothing: {a.reason}")
+    chosen = {a.variant for a in training}
+    for variant in cfg.training_catalog.names():
+        if variant not in chosen:
+            takers = ", ".join(f"{a.tier} -> {a.variant}" for a in training)
+            warnings.append(
+                f"variant {variant!r} trains on no node ({takers}): every tier's budget fits a larger variant; "
+                "give each tier its own variant with tier-memory-mb='auto' (simulation) or smaller budgets"
+            )
+    return warnings
+
+
+#: Keys (or key prefixes ending in ``-``) that only one kind of strategy reads, by the factory
+#: that reads them (the registry entry's ``strategy``).  Until each method declares its settings
+#: (issue 20, stage 4) this table is where "which method uses this key" is written.
+_METHOD_KEYS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("beta", frozenset({"server.factories:inclusivefl"})),
+    ("inclusivefl-", frozenset({"server.factories:inclusivefl"})),
+    ("flexifed-", frozenset({"server.factories:flexifed"})),
+    ("codist-", frozenset({"server.factories:codistillation"})),
+    ("distill-", frozenset({"server.factories:codistillation", "server.factories:pfedknow"})),
+    ("pfedknow-", frozenset({"server.factories:pfedknow"})),
+    ("semifl-", frozenset({"server.factories:pfedknow"})),
+)
+
+
+def _owners(key: str) -> frozenset[str] | None:
+    for pattern, owners in _METHOD_KEYS:
+        if key == pattern or (pattern.endswith("-") and key.startswith(pattern)):
+            return owners
+    return None
+
+
+def no_effect_warnings(cfg: RunConfig, overridden: Iterable[str]) -> list[str]:
+    """Warnings for keys the user set that change nothing in this configuration.
+
+    ``local-epochs`` while ``local-steps`` > 0 (steps win); ``dirichlet-alpha`` without the
+    Dirichlet partitioner; a method's own keys (``beta``, ``codist-*``, ``pfedknow-*``, ...)
+    under another method.
+    """
+    out = []
+    keys = set(overridden)
+    if "local-epochs" in keys and cfg.local_steps > 0:
+        out.append(
+            f"'local-epochs' has no effect: local-steps = {cfg.local_steps} sets the local training "
+            "(set local-steps=0 to train local-epochs epochs)"
+        )
+    if "dirichlet-alpha" in keys and cfg.partitioner != "dirichlet":
+        out.append(
+            f"'dirichlet-alpha' has no effect with partitioner = {cfg.partitioner!r} (set partitioner='dirichlet')"
+        )
+    for key in sorted(keys):
+        owners = _owners(key)
+        if owners is not None and cfg.entry.strategy not in owners:
+            users = sorted(e.name for e in registry.METHODS.values() if e.strategy in owners)
+            out.append(f"{key!r} has no effect with method = {cfg.method!r}: only {', '.join(users)} read it")
+    return out
