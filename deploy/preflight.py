@@ -10,7 +10,8 @@ the ServerApp take half a minute or more), found here in seconds, with the key a
 3. the model resolves: shipped, a local folder, or a hub id in the local cache -- else a hub id
    it would fetch (a warning) or a typo of a shipped name (an error);
 4. the data resolves: shipped (``embedded:``), a local path, or a hub id (a path that does not
-   exist is an error, not a hub id); then the partitioning every client would draw is drawn;
+   exist is an error, not a hub id); then a Dirichlet partitioning every client would draw is
+   drawn (flwr-datasets gives up on one it cannot draw);
 5. the tiers: the variant each tier's nodes will take (:mod:`experiment.preflight`): an error
    when no node can train, warnings when a tier or a variant trains nowhere.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import datasets
 from flwr.common.config import parse_config_args
 from huggingface_hub import try_to_load_from_cache
 
@@ -178,6 +180,7 @@ def preflight(
         project folder holding ``pyproject.toml``.
 
     """
+    datasets.disable_progress_bars()  # pre-flight prints its own few lines
     declared = declared_defaults(root)
     overrides = parse_overrides(run_config)
     check_keys(overrides, declared)
@@ -195,7 +198,7 @@ def preflight(
         nodes_per_tier = simulated_tier_nodes(cfg, num_nodes) if num_nodes else dict.fromkeys(cfg.tier_names, 1)
     plan = plan_tiers(cfg, nodes_per_tier)
     warnings = ignored + check_plan(cfg, plan)
-    if num_nodes and data_note is None:
+    if num_nodes and data_note is None and cfg.partitioner == "dirichlet":  # an IID split always draws
         try:
             check_partitioning(cfg.data_spec(), num_nodes)
         except DataError as exc:

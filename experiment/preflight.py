@@ -93,11 +93,12 @@ def check_plan(cfg: RunConfig, plan: list[TierAssignment]) -> list[str]:
             f"no node can train: {declined}; give the tiers budgets their variants fit (run config "
             "'tier-memory-mb', e.g. 'auto' in simulation, or a lower 'runtime-overhead-mb') or a smaller 'model'"
         )
+    proportion = dict(zip(cfg.tier_names, cfg.proportions, strict=True))
     warnings = [
         f"tier {a.tier!r} has no node ({sum(b.nodes for b in plan)} nodes split {cfg.tier_proportions}): "
         "add nodes or change 'tier-proportions'"
         for a in plan
-        if a.nodes == 0
+        if a.nodes == 0 and proportion.get(a.tier, 1.0) > 0  # a proportion of 0 leaves a tier out on purpose
     ]
     if cfg.entry.trains != "all":
         return warnings
@@ -105,13 +106,16 @@ def check_plan(cfg: RunConfig, plan: list[TierAssignment]) -> list[str]:
         if a.nodes > 0 and a.variant is None:
             warnings.append(f"tier {a.tier!r} ({a.nodes} nodes) trains nothing: {a.reason}")
     chosen = {a.variant for a in training}
+    by_tier = {a.tier: a for a in plan}
     for variant in cfg.training_catalog.names():
-        if variant not in chosen:
-            takers = ", ".join(f"{a.tier} -> {a.variant}" for a in training)
-            warnings.append(
-                f"variant {variant!r} trains on no node ({takers}): every tier's budget fits a larger variant; "
-                "give each tier its own variant with tier-memory-mb='auto' (simulation) or smaller budgets"
-            )
+        own_tier = by_tier.get(variant)
+        if variant in chosen or (own_tier is not None and own_tier.nodes == 0):  # no node of its tier: said above
+            continue
+        takers = ", ".join(f"{a.tier} -> {a.variant}" for a in training)
+        warnings.append(
+            f"variant {variant!r} trains on no node ({takers}): its tier's budget fits another variant; "
+            "give each tier its own variant with tier-memory-mb='auto' (simulation) or other budgets"
+        )
     return warnings
 
 

@@ -74,7 +74,18 @@ def test_a_tier_without_nodes_and_a_declining_tier_warn() -> None:
     warnings = check_plan(cfg, plan)
     assert warnings[0].startswith("tier 'weak' has no node (2 nodes split 1:1:1)")
     assert "tier 'medium' (1 nodes) trains nothing: too small" in warnings
-    assert sum("trains on no node" in w for w in warnings) == 2
+    assert [w.split(" (")[0] for w in warnings if "trains on no node" in w] == ["variant 'medium' trains on no node"]
+
+
+def test_a_tier_left_out_on_purpose_is_not_warned_about() -> None:
+    """HeteroFL's a-e mixture: proportions 1:0:0:0:1 train only the smallest and the full model."""
+    cfg = RunConfig.from_flower(
+        {"model": "conv", "method": "heterofl", "num-labels": 10, "dataset": "embedded:fashion_mnist",
+         "tiers": "a:b:c:d:e", "tier-proportions": "1:0:0:0:1", "tier-memory-mb": "auto", "tier-widths": "auto"}
+    )  # fmt: skip
+    plan = plan_tiers(cfg, simulated_tier_nodes(cfg, 10))
+    assert [(a.tier, a.nodes, a.variant) for a in plan if a.nodes] == [("a", 5, "a"), ("e", 5, "e")]
+    assert check_plan(cfg, plan) == []
 
 
 def test_keys_without_effect_are_named() -> None:
