@@ -287,3 +287,5 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=evaluate_fn,
     )
     writer.finish()
+    for message in strategy.plan_warnings:  # said at the first handshake; repeated beside the verdict
+        log(WARNING, "%s", message)

@@ -414,6 +414,8 @@ class HeterogeneousStrategy(Strategy):
         self.robust_aggregation = robust_aggregation
         self.round_offset = 0
         self._restored_nodes: dict[str, int] = {}
+        #: Warnings about the nodes' choices (a variant no node trains), repeated in the final verdict.
+        self.plan_warnings: list[str] = []
 
     # ------------------------------------------------------------- rounds
     def global_round(self, flower_round: int) -> int:
@@ -580,6 +582,31 @@ class HeterogeneousStrategy(Strategy):
                 log(WARNING, "node %s (tier %s) declined: %s", node, profile.tier, profile.reason)
             else:
                 log(INFO, "node %s: tier %s, %.0f MiB -> %s", node, profile.tier, profile.memory_mb, profile.variant)
+        self._check_variants_have_nodes()
+
+    def _check_variants_have_nodes(self) -> None:
+        """Warn (once per variant) when a variant of a multi-variant catalog has no node choosing it.
+
+        The pre-flight check of the launcher (:mod:`experiment.preflight`) predicts this from the
+        run config; here it is what the connected nodes reported, for ``flwr run`` users too.
+        Such a variant is never trained: the run is less heterogeneous than its tiers say.
+        """
+        if len(self.catalog) < 2 or not self.profiles:
+            return
+        chosen = {p.variant for p in self.profiles.values()}
+        for variant in self.catalog.names():
+            warned = any(w.startswith(f"variant {variant!r} ") for w in self.plan_warnings)
+            if variant in chosen or warned:
+                continue
+            counts = ", ".join(f"{v}: {sum(p.variant == v for p in self.profiles.values())}" for v in sorted(
+                {str(p.variant) for p in self.profiles.values()}
+            ))  # fmt: skip
+            message = (
+                f"variant {variant!r} trains on no node: the {len(self.profiles)} nodes so far chose ({counts}); "
+                "in simulation tier-memory-mb='auto' gives each tier its own variant"
+            )
+            self.plan_warnings.append(message)
+            log(WARNING, "%s", message)
 
     def eligible_nodes(self, grid: Grid) -> list[int]:
         """Connected nodes that have a variant, after handshaking new ones."""

@@ -11,7 +11,7 @@ import client.app as app
 from deploy.launch import failure_reason
 from experiment.config import RunConfig
 from server.app import build_strategy
-from strategies.base import NothingToTrain, nothing_to_train_message
+from strategies.base import HeterogeneousStrategy, NothingToTrain, nothing_to_train_message
 from tests.handlers import context, task_identity  # noqa: F401  (fixture)
 
 
@@ -35,12 +35,16 @@ class QueryGrid:
 
 
 def _first_round(run_config: Mapping[str, object], nodes: int = 3) -> list[Message]:
+    return _round_one(run_config, nodes)[1]
+
+
+def _round_one(run_config: Mapping[str, object], nodes: int = 3) -> tuple[HeterogeneousStrategy, list[Message]]:
     cfg = RunConfig.model_validate(run_config)
     strategy = build_strategy(cfg)
     init = cfg.family().initial_states(cfg.catalog, seed=0)
     arrays = strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
     grid = QueryGrid(run_config, nodes)
-    return list(strategy.configure_train(1, arrays, ConfigRecord(), grid))  # type: ignore[arg-type]
+    return strategy, list(strategy.configure_train(1, arrays, ConfigRecord(), grid))  # type: ignore[arg-type]
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -55,8 +59,21 @@ def test_budgets_no_variant_fits_stop_round_one_naming_the_keys() -> None:
 
 @pytest.mark.usefixtures("task_identity")
 def test_budgets_that_fit_train_every_node() -> None:
-    sent = _first_round({"model": "tiny", "tier-memory-mb": "auto"})
+    strategy, sent = _round_one({"model": "tiny", "tier-memory-mb": "auto"})
     assert sorted(m.metadata.dst_node_id for m in sent) == [1, 2, 3]
+    assert strategy.plan_warnings == []
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_variant_no_node_chose_is_warned_about_for_the_verdict() -> None:
+    """``model='tiny'`` with the default budgets: every node fits the strong variant, weak and medium never train."""
+    strategy, sent = _round_one({"model": "tiny"})
+    assert len(sent) == 3
+    assert [w.split(":")[0] for w in strategy.plan_warnings] == [
+        "variant 'weak' trains on no node",
+        "variant 'medium' trains on no node",
+    ]
+    assert "the 3 nodes so far chose (strong: 3)" in strategy.plan_warnings[0]
 
 
 def test_message_groups_equal_reasons_and_names_data_keys() -> None:
