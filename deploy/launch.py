@@ -654,29 +654,41 @@ def run_preflight(run_config: str, *, supernodes: int | None, tiers: Sequence[st
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="mode", required=True)
+    sub = parser.add_subparsers(dest="mode", required=True, metavar="{simulation,loopback,print-hosts}")
+    helps = {
+        "simulation": "run the app in Ray simulation (flwr run . --stream) and print the summary",
+        "loopback": "run a SuperLink and one SuperNode per tier on 127.0.0.1 over gRPC, then the app on them",
+    }
     for name in ("simulation", "loopback"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(
+            name, help=helps[name], description=helps[name], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        )
         p.add_argument("--config", type=Path, help="a run-config TOML file (e.g. deploy/configs/*.toml)")
         p.add_argument("--run-config", default="", help="extra run-config overrides 'k=v k2=v2' (after --config)")
-        p.add_argument("--results-dir", default=str(ROOT / "results"))
-        p.add_argument("--run-name", default="")
+        p.add_argument("--results-dir", default=str(ROOT / "results"), help="where the run's results folder goes")
+        p.add_argument("--run-name", default="", help="the results folder's name; empty: MODE-YYYYMMDD-HHMMSS")
         p.add_argument(
             "--skip-preflight", action="store_true", help="start without the pre-flight checks (deploy/preflight.py)"
         )
         if name == "simulation":
-            p.add_argument("--supernodes", type=int, default=6)
-            p.add_argument("--cpus-per-client", type=float, default=1.0)
+            p.add_argument("--supernodes", type=int, default=6, help="virtual clients (Ray actors share the cores)")
+            p.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPU share per client")
             p.add_argument(
                 "--gpus-per-client", type=float, default=0.0, help="Ray GPU share per client (with device='cuda')"
             )
         else:
-            p.add_argument("--tiers", default="weak,medium,strong")
+            p.add_argument("--tiers", default="weak,medium,strong", help="one SuperNode per entry, with that tier")
             p.add_argument("--tls-dir", type=Path, help="serve TLS with the CA/certificate here (made if missing)")
             p.add_argument("--auth", action="store_true", help="SuperNode authentication (needs --tls-dir)")
-    p = sub.add_parser("print-hosts")
-    p.add_argument("--superlink", required=True)
-    p.add_argument("--tiers", default="weak,medium,strong")
+    hosts_help = "print the commands that run the same deployment on separate machines"
+    p = sub.add_parser(
+        "print-hosts",
+        help=hosts_help,
+        description=hosts_help,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--superlink", required=True, help="the SuperLink's host name or address, as the nodes reach it")
+    p.add_argument("--tiers", default="weak,medium,strong", help="one SuperNode command per entry")
     p.add_argument("--tls", action="store_true", help="TLS on the SuperLink (certificates from deploy.certs)")
     p.add_argument("--auth", action="store_true", help="SuperNode authentication (needs --tls)")
     args = parser.parse_args(argv)
