@@ -9,13 +9,14 @@ unknown keys are rejected.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
 from itertools import pairwise
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.config import JsonDict, JsonValue
 
 from experiment import registry
 from models import cnn
@@ -27,7 +28,15 @@ from models.data import DataSpec
 from models.family import ArchitectureFamily, CNNFamily, ModelFamily, TransformerFamily, parse_widths
 from models.images import IMAGE_DOMAINS
 from models.training import DEVICE_PATTERN, TrainSettings, resolve_device
-from models.transformer import TransformerSpec, depth_catalog, full_config, matched_width_rates, width_catalog
+from models.transformer import (
+    EMBEDDED_MODEL,
+    TINY_MODEL,
+    TransformerSpec,
+    depth_catalog,
+    full_config,
+    matched_width_rates,
+    width_catalog,
+)
 
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = registry.names(width_tiers=True)
@@ -63,116 +72,552 @@ def split_list(value: str, what: str) -> list[str]:
     return items
 
 
+# ----------------------------------------------------------------- who reads a key
+#: The ``json_schema_extra`` entry of a field that lists the methods reading its key (registry
+#: names, registration order); a field without it is read by every method.
+METHODS_EXTRA = "methods"
+#: The ``json_schema_extra`` entry of a string field that spells out its accepted values.
+ALLOWED_EXTRA = "allowed"
+#: pFedKnow's modes (the registry's ``mode``, here equal to the method name) by what they use;
+#: ``tests/test_config_keys.py`` checks them against :data:`strategies.pfedknow.MODES`.
+PFEDKNOW_PRUNING = ("pfedknow", "pfedknow-as2", "pfedknow-as3")
+PFEDKNOW_TEACHER = ("pfedknow", "pfedknow-as4")
+#: Modes whose server distills (collaborative distillation) or distills at initialization (teacher).
+PFEDKNOW_TEMPERATURE = ("pfedknow", "pfedknow-as3", "pfedknow-as4")
+#: The one mode that trains nothing on the server each round (zero-filled averaging).
+PFEDKNOW_NO_SERVER_TRAINING = ("pfedknow-as2",)
+#: The one mode that filters pseudo-labels by confidence (``semifl-confidence``, not ``pfedknow-delta``).
+SEMIFL = ("semifl",)
+
+
+def _methods_where(keep: Callable[[registry.MethodEntry], bool]) -> list[str]:
+    """Registered method names (registration order) whose entry ``keep`` accepts."""
+    return [e.name for e in registry.METHODS.values() if keep(e)]
+
+
+def factory_name(entry: registry.MethodEntry) -> str:
+    """The function part of the entry's strategy factory (``"server.factories:heterofl"`` -> ``"heterofl"``)."""
+    return entry.strategy.rpartition(":")[2]
+
+
+def _read_by(*factories: str, modes: Collection[str] = (), but: Collection[str] = ()) -> list[str]:
+    """The methods whose strategy factory is one of ``factories``.
+
+    Narrowed to the entries whose registry ``mode`` is in ``modes`` (when given) and is not in ``but``.
+    """
+    return _methods_where(
+        lambda e: factory_name(e) in factories and (not modes or e.mode in modes) and e.mode not in but
+    )
+
+
+def _on(*families: registry.FamilyKind) -> list[str]:
+    """The methods that run on at least one of ``families``."""
+    return _methods_where(lambda e: not e.families.isdisjoint(families))
+
+
+def _extra(methods: Iterable[str] | None = None, *, allowed: str = "") -> JsonDict:
+    """A field's ``json_schema_extra``: the methods that read its key (``None``: all) and its accepted values."""
+    extra: JsonDict = {}
+    if methods is not None:
+        names: list[JsonValue] = list(dict.fromkeys(methods))
+        extra[METHODS_EXTRA] = names
+    if allowed:
+        extra[ALLOWED_EXTRA] = allowed
+    return extra
+
+
+#: Image models: every family but the transformers.
+_IMAGES = _on("cnn", "architectures", "codist")
+#: Methods whose tiers can be widths: HeteroFL / FedRolex, and every method a CNN runs.
+_WIDTHS = _methods_where(lambda e: e.width_tiers or "cnn" in e.families)
+#: The server optimizer FedAdam: InclusiveFL and its one-variant baselines, co-distillation, and
+#: HeteroFL / FedRolex with ``heterofl-server-optimizer = "fedadam"``.
+_FEDADAM = _read_by("inclusivefl", "one_variant", "heterofl", "codistillation")
+#: Server distillation of co-distillation (not its FedAvg baseline).
+_CODIST_DISTILL = _read_by("codistillation", but=("fedavg",))
+
+
 class RunConfig(BaseModel):
-    """All experiment knobs (see the comments in pyproject.toml for each key)."""
+    """All experiment knobs: one field per run-config key, described where it is defined.
+
+    Each field's ``description`` says what the key does; its ``json_schema_extra`` names the
+    methods that read it (:data:`METHODS_EXTRA`, none = every method) and, for strings with a
+    validator, the accepted values (:data:`ALLOWED_EXTRA`).  ``python -m experiment.keys``
+    prints the reference (:mod:`experiment.keys`), ``docs/CONFIG_KEYS.md`` holds it.
+    """
 
     model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
 
-    method: str = "inclusivefl"
-    num_server_rounds: int = Field(7, ge=1)
-    seed: int = 42
+    method: str = Field(
+        "inclusivefl",
+        description="The federated method: an entry of experiment/registry.py, which decides the server "
+        "strategy, the variants trained and what the clients do.",
+        json_schema_extra=_extra(allowed=", ".join(registry.METHODS)),
+    )
+    num_server_rounds: int = Field(7, ge=1, description="Federated rounds the ServerApp runs.")
+    seed: int = Field(
+        42,
+        description="Random seed of the run: data partitions, the server's labeled set, client sampling, "
+        "model initialization and local batches.",
+    )
     # model and tiers
-    model: str = "minilm-l6"
-    cnn_widths: str = "32:64:128:256"
-    arch_width: float = Field(0.25, gt=0.0, le=4.0)
-    codist_alpha: float = Field(0.5, ge=0.0, le=1.0)
-    codist_period: int = Field(5, ge=1)
-    codist_membership: Literal["instead", "also"] = "also"
-    distill_steps: int = Field(32, ge=0)
-    distill_temperature: float = Field(1.0, gt=0.0)
-    distill_lambda: float = Field(0.1, ge=0.0, le=1.0)
-    distill_lr: float = Field(1e-3, ge=0.0)
-    distill_batch_size: int = Field(64, ge=1)
-    #: out-of-domain = photo crops for images, Guardian headlines for text
-    distill_data: Literal["out-of-domain", "crops", "headlines", "in-domain"] = "out-of-domain"
-    distill_size: int = Field(2000, ge=1)
-    flexifed_uniform: bool = False
-    flexifed_share_classifier: bool = False
-    image_channels: int = Field(1, ge=1)
-    image_size: int = Field(28, ge=4)
-    tiers: str = "weak:medium:strong"
-    tier_layers: str = "2:4:6"
-    tier_proportions: str = "1:1:1"
-    tier_memory_mb: str = "700:850:1100"
-    tier_widths: str = "auto"
-    #: per tier, the input domain of its clients' images ("plain" / "inverted"); "" = all plain
-    tier_domains: str = ""
-    heterofl_server_optimizer: Literal["average", "fedadam"] = "average"
-    runtime_overhead_mb: float = Field(450.0, ge=0)
-    freeze_word_embeddings: bool = True
-    #: transformer pooler input: "mean" token state (how all-MiniLM-L6-v2 was trained) or "cls" (BERT's)
-    pooling: Literal["mean", "cls"] = "mean"
+    model: str = Field(
+        EMBEDDED_MODEL,
+        description=f"The model family: a transformer encoder cut by depth or width ({EMBEDDED_MODEL!r}: the "
+        f"embedded MiniLM-L6 weights, {TINY_MODEL!r}: random initialization for tests, a Hugging Face id or "
+        "folder), one of HeteroFL's image CNNs (width tiers), an architecture family (FlexiFed: tiers name its "
+        f"architectures) or {CODIST_MODEL!r} (co-distillation pools of model sizes).",
+        json_schema_extra=_extra(
+            allowed=f"a transformer ({EMBEDDED_MODEL!r}, {TINY_MODEL!r}, a Hugging Face id or folder), "
+            f"{', '.join(repr(m) for m in (*cnn.MODEL_NAMES, *registry.ARCH_FAMILIES, CODIST_MODEL))}"
+        ),
+    )
+    cnn_widths: str = Field(
+        "32:64:128:256",
+        description="Hidden channels of the full CNN per stage, ':'-separated (HeteroFL's are 64:128:256:512; "
+        "the default halves them for CPUs). Only with model = 'conv' or 'preresnet18'.",
+        json_schema_extra=_extra(_on("cnn"), allowed="positive integers, ':'-separated"),
+    )
+    arch_width: float = Field(
+        0.25,
+        gt=0.0,
+        le=4.0,
+        description="Channel multiplier of FlexiFed's VGG / ResNet architectures (1 = the original widths). "
+        "Only with model = 'vgg' or 'resnet'.",
+        json_schema_extra=_extra(_on("architectures")),
+    )
+    codist_alpha: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="MergedCodist's mix of each pool's FedAvg update g and distillation update d: "
+        "alpha g + (1 - alpha) d norm(g) / norm(d) (1 = plain FedAvg).",
+        json_schema_extra=_extra(_read_by("codistillation", modes=("merged",))),
+    )
+    codist_period: int = Field(
+        5,
+        ge=1,
+        description="PeriodicCodist distills every pool from the others every codist-period rounds.",
+        json_schema_extra=_extra(_read_by("codistillation", modes=("periodic",))),
+    )
+    codist_membership: Literal["instead", "also"] = Field(
+        "also",
+        description="Which pools a node trains: 'also' = every pool up to the largest its memory fits (the "
+        "paper's nested pools), 'instead' = only that largest one.",
+        json_schema_extra=_extra(_read_by("codistillation")),
+    )
+    distill_steps: int = Field(
+        32,
+        ge=0,
+        description="Adam steps of each server-side training: co-distillation's distillation of a pool (every "
+        "round: merged; every codist-period rounds: periodic); pFedKnow's per-round collaborative distillation "
+        "of every upload, or its fine-tuning of the averaged model on the labeled set.",
+        json_schema_extra=_extra(
+            [*_CODIST_DISTILL, *_read_by("pfedknow", but=PFEDKNOW_NO_SERVER_TRAINING)],
+        ),
+    )
+    distill_temperature: float = Field(
+        1.0,
+        gt=0.0,
+        description="Softmax temperature of the server's distillation losses (pFedKnow: also of the initial "
+        "model's distillation from the teacher).",
+        json_schema_extra=_extra([*_CODIST_DISTILL, *_read_by("pfedknow", modes=PFEDKNOW_TEMPERATURE)]),
+    )
+    distill_lambda: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="Co-distillation's student regularization: each pool's distillation target mixes the "
+        "teachers' distribution with weight 1 - lambda and the student's own at the start with lambda.",
+        json_schema_extra=_extra(_CODIST_DISTILL),
+    )
+    distill_lr: float = Field(
+        1e-3,
+        ge=0.0,
+        description="Adam learning rate of the server-side training that distill-steps counts.",
+        json_schema_extra=_extra(
+            [*_CODIST_DISTILL, *_read_by("pfedknow", but=PFEDKNOW_NO_SERVER_TRAINING)],
+        ),
+    )
+    distill_batch_size: int = Field(
+        64,
+        ge=1,
+        description="Batch size of the server's training: co-distillation's unlabeled batches; pFedKnow's "
+        "labeled-set batches, also when it trains the teacher and the initial model.",
+        json_schema_extra=_extra([*_CODIST_DISTILL, *_read_by("pfedknow")]),
+    )
+    distill_data: Literal["out-of-domain", "crops", "headlines", "in-domain"] = Field(
+        "out-of-domain",
+        description="Co-distillation's unlabeled server data: 'out-of-domain' = 'crops' (scikit-image photo "
+        "crops) for images or 'headlines' (Guardian headlines) for text; 'in-domain' = training inputs without "
+        "their labels.",
+        json_schema_extra=_extra(_CODIST_DISTILL),
+    )
+    distill_size: int = Field(
+        2000,
+        ge=1,
+        description="Examples in co-distillation's unlabeled distillation set.",
+        json_schema_extra=_extra(_CODIST_DISTILL),
+    )
+    flexifed_uniform: bool = Field(
+        False,
+        description="FlexiFed weights every client's layers equally (the paper's 1 / |U|) instead of by its "
+        "example count.",
+        json_schema_extra=_extra(_read_by("flexifed", but=("standalone",))),
+    )
+    flexifed_share_classifier: bool = Field(
+        False,
+        description="FlexiFed averages classifier layers with equal signatures across architectures (by "
+        "default only identical architectures share a classifier).",
+        json_schema_extra=_extra(_read_by("flexifed", modes=("basic", "clustered", "max"))),
+    )
+    image_channels: int = Field(
+        1,
+        ge=1,
+        description="Input channels of the image models (1 = grayscale, 3 = RGB); checked against the data "
+        "before round 1.",
+        json_schema_extra=_extra(_IMAGES),
+    )
+    image_size: int = Field(
+        28,
+        ge=4,
+        description="Side of the square input images in pixels; checked against the data before round 1.",
+        json_schema_extra=_extra(_IMAGES),
+    )
+    tiers: str = Field(
+        "weak:medium:strong",
+        description="Tier names, weakest first. FlexiFed: the family's architectures (e.g. "
+        "'vgg11:vgg13:vgg16:vgg19'); co-distillation on 'codist-cnn': pools by model size ('small:large'); "
+        "pFedKnow: exactly one tier.",
+        json_schema_extra=_extra(allowed="unique names without '/', ':'-separated"),
+    )
+    tier_layers: str = Field(
+        "2:4:6",
+        description="Encoder layers of each tier's transformer variant, one per tier (pFedKnow: the student's "
+        "depth, below the full model's); width tiers with tier-widths = 'auto' match these depths' sizes. "
+        "Ignored for image models.",
+        json_schema_extra=_extra(allowed="strictly increasing positive integers, ':'-separated"),
+    )
+    tier_proportions: str = Field(
+        "1:1:1",
+        description="Share of the simulation's virtual clients in each tier, one number per tier (0 leaves a "
+        "tier out).",
+        json_schema_extra=_extra(allowed="non-negative numbers with a positive sum, ':'-separated"),
+    )
+    tier_memory_mb: str = Field(
+        "700:850:1100",
+        description="Emulated memory budget (MiB) of each tier's nodes in simulation: a node trains the largest "
+        "variant whose estimate fits it with runtime-overhead-mb. 'auto' gives each tier a budget between its "
+        "own variant's estimate and the next one's.",
+        json_schema_extra=_extra(allowed="'auto' or non-negative numbers with a positive sum, ':'-separated"),
+    )
+    tier_widths: str = Field(
+        "auto",
+        description="Width rate of each tier's variant when tiers are widths (HeteroFL / FedRolex, any method on "
+        "a CNN): 'auto' matches the depth variants' parameter counts (CNNs: halves the rate per tier below the "
+        "strongest, e.g. 0.25:0.5:1).",
+        json_schema_extra=_extra(_WIDTHS, allowed="'auto' or increasing rates in (0, 1] ending at 1"),
+    )
+    tier_domains: str = Field(
+        "",
+        description="Per tier, the input domain of its clients' images ('inverted': domain-shifted pools); "
+        "'' = all plain. Co-distillation splits its distillation images over the domains.",
+        json_schema_extra=_extra(
+            _IMAGES, allowed=f"'' or one of {', '.join(map(repr, IMAGE_DOMAINS))} per tier, ':'-separated"
+        ),
+    )
+    heterofl_server_optimizer: Literal["average", "fedadam"] = Field(
+        "average",
+        description="HeteroFL / FedRolex server rule: 'average' (the original coverage averaging) or 'fedadam' "
+        "(the averaged update applied by FedAdam, as the InclusiveFL paper runs its baselines). all-large, "
+        "all-small and exclusive use it on a CNN (HeteroFL's server on one width).",
+        json_schema_extra=_extra(_read_by("heterofl", "one_variant")),
+    )
+    runtime_overhead_mb: float = Field(
+        450.0,
+        ge=0,
+        description="Memory (MiB) a client process needs besides training (interpreter, torch, Flower), added "
+        "to a variant's estimate when a node picks the largest variant that fits its budget.",
+    )
+    freeze_word_embeddings: bool = Field(
+        True,
+        description="Freeze the transformer's word embeddings in local training. Only with a transformer model.",
+    )
+    pooling: Literal["mean", "cls"] = Field(
+        "mean",
+        description="Transformer pooler input: 'mean' = the attention-masked mean token state (how "
+        "all-MiniLM-L6-v2 was trained; its 2-layer cut learns with it) or 'cls' = BERT's first token. Only with "
+        "a transformer model.",
+    )
     # InclusiveFL and the server optimizer (FedAdam)
-    beta: float = Field(0.2, ge=0.0, le=1.0)
-    #: InclusiveFL's server optimizer: "per-tier" FedAdam then layer averaging (the paper), or
-    #: "shared": average the shared layers' updates first, one FedAdam step (a diagnosis variant)
-    inclusivefl_server_adam: Literal["per-tier", "shared"] = "per-tier"
-    server_lr: float = Field(1e-3, gt=0)
-    #: co-distillation: one FedAdam eta per pool ("" = server-lr for every pool)
-    tier_server_lr: str = ""
-    server_beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    server_beta2: float = Field(0.99, ge=0.0, lt=1.0)
-    server_tau: float = Field(1e-5, gt=0)
+    beta: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="InclusiveFL's momentum distillation: a tier's top-layer update becomes beta x the next "
+        "deeper tier's layer momentum + (1 - beta) x its own (0 = InclusiveFL without momentum distillation).",
+        json_schema_extra=_extra(_read_by("inclusivefl")),
+    )
+    inclusivefl_server_adam: Literal["per-tier", "shared"] = Field(
+        "per-tier",
+        description="InclusiveFL's server step: 'per-tier' FedAdam then layer averaging (the paper), or "
+        "'shared': the shared layers' updates averaged over the tiers first, then one FedAdam step (a diagnosis "
+        "variant).",
+        json_schema_extra=_extra(_read_by("inclusivefl")),
+    )
+    server_lr: float = Field(
+        1e-3,
+        gt=0,
+        description="Server FedAdam learning rate eta (co-distillation: of every pool unless tier-server-lr; "
+        "HeteroFL / FedRolex: only with heterofl-server-optimizer = 'fedadam').",
+        json_schema_extra=_extra(_FEDADAM),
+    )
+    tier_server_lr: str = Field(
+        "",
+        description="Co-distillation's FedAdam eta per pool, e.g. '0.03:0.01'; '' = server-lr for every pool.",
+        json_schema_extra=_extra(_read_by("codistillation"), allowed="'' or positive numbers, one per tier"),
+    )
+    server_beta1: float = Field(
+        0.9,
+        ge=0.0,
+        lt=1.0,
+        description="Server FedAdam's first-moment decay beta1 (where server-lr applies).",
+        json_schema_extra=_extra(_FEDADAM),
+    )
+    server_beta2: float = Field(
+        0.99,
+        ge=0.0,
+        lt=1.0,
+        description="Server FedAdam's second-moment decay beta2 (where server-lr applies).",
+        json_schema_extra=_extra(_FEDADAM),
+    )
+    server_tau: float = Field(
+        1e-5,
+        gt=0,
+        description="Server FedAdam's adaptivity tau, added to the root of the second moment (where server-lr "
+        "applies).",
+        json_schema_extra=_extra(_FEDADAM),
+    )
     # sampling and timing
-    fraction_train: float = Field(1.0, gt=0.0, le=1.0)
-    fraction_evaluate: float = Field(0.5, ge=0.0, le=1.0)
-    min_available_nodes: int = Field(1, ge=1)
-    min_train_nodes: int = Field(1, ge=1)
-    round_timeout: float = Field(3600.0, gt=0)
+    fraction_train: float = Field(
+        1.0, gt=0.0, le=1.0, description="Share of the available nodes sampled for training each round."
+    )
+    fraction_evaluate: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Share of the available nodes sampled for federated evaluation each round (0 = none).",
+    )
+    min_available_nodes: int = Field(1, ge=1, description="Nodes that must be connected before a round starts.")
+    min_train_nodes: int = Field(1, ge=1, description="Fewest nodes sampled for training in a round.")
+    round_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="Seconds the ServerApp waits for a round's replies; later replies are dropped.",
+    )
     # local training
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    local_steps: int = Field(15, ge=0)
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(16, ge=1)
-    max_seq_len: int = Field(48, ge=8, le=512)
-    eval_batch_size: int = Field(64, ge=1)
-    # where ClientApps train / evaluate and the ServerApp evaluates and distills:
-    # "cpu", "auto" (a CUDA GPU when there is one), "cuda" or "cuda:N"
-    device: str = "cpu"
-    # torch intra-op threads per process (0 = torch's default: one per core)
-    client_threads: int = Field(0, ge=0)
-    server_threads: int = Field(0, ge=0)
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer of the clients' local training.")
+    lr: float = Field(1e-4, gt=0, description="Learning rate of the clients' local training.")
+    weight_decay: float = Field(0.0, ge=0, description="Weight decay of the clients' local training.")
+    local_steps: int = Field(
+        15,
+        ge=0,
+        description="Optimizer steps of local training per round; 0 = local-epochs full passes over the node's "
+        "data instead (pFedKnow's clients: no local training).",
+    )
+    local_epochs: int = Field(
+        1,
+        ge=1,
+        description="Full passes over the node's training data per round. Only with local-steps = 0.",
+        json_schema_extra=_extra(registry.names(client="supervised")),
+    )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        description="Batch size of the clients' local training; the variants' memory estimates assume it.",
+    )
+    max_seq_len: int = Field(
+        48,
+        ge=8,
+        le=512,
+        description="Tokens a text input is truncated to; the transformers' memory estimates assume it. Only "
+        "with a transformer model.",
+    )
+    eval_batch_size: int = Field(
+        64, ge=1, description="Batch size of evaluation: the clients' local test data and the server's."
+    )
+    device: str = Field(
+        "cpu",
+        description="Where ClientApps train and evaluate and the ServerApp evaluates and distills: 'auto' = a "
+        "CUDA GPU when the machine has one. In simulation also give Ray a GPU share per client "
+        "(python -m deploy.launch simulation --gpus-per-client 0.25).",
+        json_schema_extra=_extra(allowed="'cpu', 'auto', 'cuda' or 'cuda:N'"),
+    )
+    client_threads: int = Field(
+        0,
+        ge=0,
+        description="Torch intra-op threads of each ClientApp process (0 = torch's default, one per core); 1 "
+        "where training shares its cores with other processes (SuperNode, SuperLink, Ray, other apps).",
+    )
+    server_threads: int = Field(
+        0,
+        ge=0,
+        description="Torch intra-op threads of the ServerApp process (0 = torch's default, one per core).",
+    )
     # data
-    dataset: str = "embedded:rotten_tomatoes"
-    text_column: str = "text"
-    image_column: str = "image"
-    label_column: str = "label"
-    num_labels: int = Field(2, ge=2)
-    partitioner: Literal["iid", "dirichlet"] = "iid"
-    dirichlet_alpha: float = Field(0.5, gt=0)
-    client_test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
-    server_test_size: int = Field(0, ge=0)
-    #: what the server evaluates and the run reports: "test" (reported numbers) or "validation" (a fixed
-    #: validation-fraction of the training split, clients never see it; choose settings here)
-    eval_split: Literal["test", "validation"] = "test"
-    validation_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    dataset: str = Field(
+        "embedded:rotten_tomatoes",
+        description="The data: 'embedded:rotten_tomatoes' (text), 'embedded:fashion_mnist' (images), a Hugging "
+        "Face id (e.g. 'uoft-cs/cifar10' with image-column = 'img') or a local csv / parquet / json path.",
+    )
+    text_column: str = Field("text", description="Column holding the input text. Only with a transformer model.")
+    image_column: str = Field(
+        "image",
+        description="Column holding the input image. Only with an image model.",
+        json_schema_extra=_extra(_IMAGES),
+    )
+    label_column: str = Field("label", description="Column holding the integer class label.")
+    num_labels: int = Field(
+        2, ge=2, description="Number of classes (the models' outputs); checked against the data before round 1."
+    )
+    partitioner: Literal["iid", "dirichlet"] = Field(
+        "iid",
+        description="How the training split is divided among the clients: 'iid' (uniformly at random) or "
+        "'dirichlet' (label skew set by dirichlet-alpha).",
+    )
+    dirichlet_alpha: float = Field(
+        0.5,
+        gt=0,
+        description="Concentration of the Dirichlet label partitioner: smaller = more skewed clients. Only with "
+        "partitioner = 'dirichlet'.",
+    )
+    client_test_fraction: float = Field(
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="Share of each client's partition held out as its local test data (federated evaluation).",
+    )
+    server_test_size: int = Field(
+        0,
+        ge=0,
+        description="Examples of the held-out split the server evaluates on (0 = all of it: 1,912 Rotten "
+        "Tomatoes snippets).",
+    )
+    eval_split: Literal["test", "validation"] = Field(
+        "test",
+        description="What the server evaluates and the run reports: 'test' (the reported numbers) or "
+        "'validation' (a fixed validation-fraction of the training split that no client sees; choose settings "
+        "on it, with seeds other than the reported ones).",
+    )
+    validation_fraction: float = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="Share of the training split carved out as the validation split (the same carve for every "
+        "seed). Only with eval-split = 'validation'.",
+    )
     # results
-    results_dir: str = "results"
-    run_name: str = ""
+    results_dir: str = Field("results", description="Folder that holds every run's results folder.")
+    run_name: str = Field(
+        "", description="Name of the run's results folder under results-dir; '' = '<method>-<date>-<time>'."
+    )
     # reliability: checkpoints, resume, robust aggregation
-    checkpoint_dir: str = ""
-    checkpoint_keep: int = Field(2, ge=0)
-    resume: bool = False
-    clip_update_norm: str = "0"
-    robust_aggregation: Literal["mean", "median"] = "mean"
-    # pFedKnow: uncertainty threshold, target pruning ratio (channels for conv, weight matrices'
-    # weights for transformers) reached after prune-rounds rounds, slimming L1 on BN scales (conv),
-    # server labeled-set size (held out of the test split after the server's evaluation examples),
-    # teacher width factor (conv; a transformer's teacher is its full depth), the teacher's / the
-    # student's init steps and their Adam lr; server distillation uses distill-steps / distill-lr /
-    # distill-batch-size / distill-temperature
-    pfedknow_delta: float = Field(0.7, gt=0.0, le=1.0)
-    pfedknow_prune_ratio: float = Field(0.2, ge=0.0, lt=1.0)
-    pfedknow_prune_rounds: int = Field(3, ge=1)
-    pfedknow_l1: float = Field(1e-4, ge=0.0)
-    pfedknow_labeled_size: int = Field(1000, ge=1)
-    pfedknow_teacher_scale: float = Field(2.0, ge=1.0)
-    pfedknow_teacher_steps: int = Field(300, ge=0)
-    pfedknow_init_steps: int = Field(200, ge=0)
-    pfedknow_init_lr: float = Field(1e-3, gt=0.0)
-    semifl_confidence: float = Field(0.95, gt=0.0, lt=1.0)
+    checkpoint_dir: str = Field(
+        "",
+        description="Where a checkpoint (atomic, checksummed) is written after every round; '' = "
+        "<results-dir>/<run-name>/checkpoints.",
+    )
+    checkpoint_keep: int = Field(2, ge=0, description="How many of the latest checkpoints are kept (0 = none).")
+    resume: bool = Field(
+        False,
+        description="Continue from the last good checkpoint; needs run-name or checkpoint-dir and checkpoint-keep > 0.",
+    )
+    clip_update_norm: str = Field(
+        "0",
+        description="Clip each reply's update to this L2 norm before it is aggregated, against poisoned updates: "
+        "one bound for every tier or one per tier (0 = off).",
+        json_schema_extra=_extra(
+            _methods_where(lambda e: factory_name(e) != "pfedknow"),
+            allowed="finite numbers >= 0: one, or one per tier",
+        ),
+    )
+    robust_aggregation: Literal["mean", "median"] = Field(
+        "mean",
+        description="'median': a coordinate-wise median per tier instead of the mean, against poisoned updates; "
+        "it holds every reply of a tier in memory (O(clients x model)).",
+        json_schema_extra=_extra(_methods_where(lambda e: not e.per_node_models and e.client == "supervised")),
+    )
+    # pFedKnow and the SemiFL-style baseline (one tier of unlabeled clients; images: model = "conv",
+    # text: a transformer student of tier-layers layers under the full-depth teacher)
+    pfedknow_delta: float = Field(
+        0.7,
+        gt=0.0,
+        le=1.0,
+        description="Clients keep the pseudo-labels whose uncertainty is <= delta (images: evidential; text: "
+        "1 - max softmax).",
+        json_schema_extra=_extra(_read_by("pfedknow", but=SEMIFL)),
+    )
+    pfedknow_prune_ratio: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="Target pruning ratio, reached after pfedknow-prune-rounds rounds: the share of channels "
+        "(conv: network slimming) or of the weight matrices' weights (transformers: magnitude pruning) removed.",
+        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_PRUNING)),
+    )
+    pfedknow_prune_rounds: int = Field(
+        3,
+        ge=1,
+        description="Rounds over which the pruning ratio ramps up to pfedknow-prune-ratio.",
+        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_PRUNING)),
+    )
+    pfedknow_l1: float = Field(
+        1e-4,
+        ge=0.0,
+        description="Network slimming's L1 weight on the batch-norm scales in client training. Only with "
+        "model = 'conv' (magnitude pruning ignores it).",
+        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_PRUNING)),
+    )
+    pfedknow_labeled_size: int = Field(
+        1000,
+        ge=1,
+        description="Labeled training examples the server keeps (D_s), carved out of the training split before "
+        "the clients' partitions.",
+        json_schema_extra=_extra(_read_by("pfedknow")),
+    )
+    pfedknow_teacher_scale: float = Field(
+        2.0,
+        ge=1.0,
+        description="Width factor of the image teacher over the lightweight conv model. Only with "
+        "model = 'conv' (a transformer's teacher is its full depth).",
+        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_TEACHER)),
+    )
+    pfedknow_teacher_steps: int = Field(
+        300,
+        ge=0,
+        description="Adam steps training the teacher on the server's labeled set at the start of the run.",
+        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_TEACHER)),
+    )
+    pfedknow_init_steps: int = Field(
+        200,
+        ge=0,
+        description="Adam steps training the initial lightweight model on the server's labeled set (distilled "
+        "from the teacher where there is one).",
+        json_schema_extra=_extra(_read_by("pfedknow")),
+    )
+    pfedknow_init_lr: float = Field(
+        1e-3,
+        gt=0.0,
+        description="Adam learning rate of the teacher's and the initial lightweight model's training.",
+        json_schema_extra=_extra(_read_by("pfedknow")),
+    )
+    semifl_confidence: float = Field(
+        0.95,
+        gt=0.0,
+        lt=1.0,
+        description="SemiFL's clients keep the pseudo-labels whose max softmax is >= this confidence.",
+        json_schema_extra=_extra(_read_by("pfedknow", modes=SEMIFL)),
+    )
 
     @field_validator("tiers")
     @classmethod
@@ -633,3 +1078,19 @@ class RunConfig(BaseModel):
         if self.entry.trains == "smallest":
             return VariantCatalog(full.family, (full.smallest,))
         return full
+
+
+def _declared_methods() -> dict[str, tuple[str, ...]]:
+    """``{key: methods}`` of the keys whose field names the methods that read them."""
+    out = {}
+    for name, info in RunConfig.model_fields.items():
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and isinstance(extra.get(METHODS_EXTRA), list):
+            out[info.alias or _kebab(name)] = tuple(str(m) for m in extra[METHODS_EXTRA])  # type: ignore[union-attr]
+    return out
+
+
+#: Run-config key -> the methods that read it (registration order), for every key that not all
+#: methods read; declared on the key's field (``json_schema_extra``).  A key not in here is read by
+#: every method.
+KEY_METHODS: Mapping[str, tuple[str, ...]] = _declared_methods()

@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from experiment import registry
-from experiment.config import ConfigError, RunConfig
+from experiment.config import KEY_METHODS, ConfigError, RunConfig
 from models.catalog import choose_variant, tier_counts
 
 
@@ -119,37 +118,25 @@ def check_plan(cfg: RunConfig, plan: list[TierAssignment]) -> list[str]:
     return warnings
 
 
-#: Keys (or key prefixes ending in ``-``) that only one kind of strategy reads, by the factory
-#: that reads them (the registry entry's ``strategy``).  Until each method declares its settings
-#: (issue 20, stage 4) this table is where "which method uses this key" is written.
-_METHOD_KEYS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("beta", frozenset({"server.factories:inclusivefl"})),
-    ("inclusivefl-", frozenset({"server.factories:inclusivefl"})),
-    ("flexifed-", frozenset({"server.factories:flexifed"})),
-    ("codist-", frozenset({"server.factories:codistillation"})),
-    ("distill-", frozenset({"server.factories:codistillation", "server.factories:pfedknow"})),
-    ("pfedknow-", frozenset({"server.factories:pfedknow"})),
-    ("semifl-", frozenset({"server.factories:pfedknow"})),
-)
+def _owners(key: str) -> tuple[str, ...] | None:
+    """The methods that read ``key``, as its field in :class:`~experiment.config.RunConfig` declares them.
 
-
-def _owners(key: str) -> frozenset[str] | None:
-    for pattern, owners in _METHOD_KEYS:
-        if key == pattern or (pattern.endswith("-") and key.startswith(pattern)):
-            return owners
-    return None
+    ``None``: every method reads it (or it is no run-config key).
+    """
+    return KEY_METHODS.get(key)
 
 
 def no_effect_warnings(cfg: RunConfig, overridden: Iterable[str]) -> list[str]:
     """Warnings for keys the user set that change nothing in this configuration.
 
     ``local-epochs`` while ``local-steps`` > 0 (steps win); ``dirichlet-alpha`` without the
-    Dirichlet partitioner; a method's own keys (``beta``, ``codist-*``, ``pfedknow-*``, ...)
-    under another method.
+    Dirichlet partitioner; a key that the method does not read (``beta``, ``codist-*``,
+    ``pfedknow-*``, ...: the methods each key's field declares, :data:`experiment.config.KEY_METHODS`).
     """
     out = []
     keys = set(overridden)
-    if "local-epochs" in keys and cfg.local_steps > 0:
+    epochs_unused = "local-epochs" in keys and cfg.local_steps > 0
+    if epochs_unused:
         out.append(
             f"'local-epochs' has no effect: local-steps = {cfg.local_steps} sets the local training "
             "(set local-steps=0 to train local-epochs epochs)"
@@ -158,9 +145,8 @@ def no_effect_warnings(cfg: RunConfig, overridden: Iterable[str]) -> list[str]:
         out.append(
             f"'dirichlet-alpha' has no effect with partitioner = {cfg.partitioner!r} (set partitioner='dirichlet')"
         )
-    for key in sorted(keys):
+    for key in sorted(keys - ({"local-epochs"} if epochs_unused else set())):  # said once is enough
         owners = _owners(key)
-        if owners is not None and cfg.entry.strategy not in owners:
-            users = sorted(e.name for e in registry.METHODS.values() if e.strategy in owners)
-            out.append(f"{key!r} has no effect with method = {cfg.method!r}: only {', '.join(users)} read it")
+        if owners is not None and cfg.method not in owners:
+            out.append(f"{key!r} has no effect with method = {cfg.method!r}: only {', '.join(sorted(owners))} read it")
     return out
