@@ -545,7 +545,7 @@ class RunConfig(BaseModel):
         "mean",
         description="'median': a coordinate-wise median per tier instead of the mean, against poisoned updates; "
         "it holds every reply of a tier in memory (O(clients x model)).",
-        json_schema_extra=_extra(_methods_where(lambda e: not e.per_node_models and e.client == "supervised")),
+        json_schema_extra=_extra(_methods_where(lambda e: e.median)),
     )
     # pFedKnow and the SemiFL-style baseline (one tier of unlabeled clients; images: model = "conv",
     # text: a transformer student of tier-layers layers under the full-depth teacher)
@@ -765,10 +765,11 @@ class RunConfig(BaseModel):
                 f"run config 'method': {self.method!r} needs a depth-cut model; "
                 f"model {self.model!r} supports {CNN_METHODS}"
             )
-        if self.robust_aggregation == "median" and self.entry.per_node_models:
+        if self.robust_aggregation == "median" and not self.entry.median:
+            why = "its per-node models need every reply" if self.entry.per_node_models else "its own aggregation"
             raise ValueError(
                 f"run config 'robust-aggregation': 'median' is not defined for method {self.method!r} "
-                "(its per-node models need every reply); use 'mean'"
+                f"({why}); use 'mean'"
             )
         if self.resume and not (self.run_name or self.checkpoint_dir):
             raise ValueError(

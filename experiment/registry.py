@@ -72,8 +72,11 @@ class MethodEntry:
     client : ClientRole
         What its ClientApp does in a train message.
     per_node_models : bool
-        It keeps one model per node or per client group, so a coordinate-wise median over
-        replies is not defined for it (``robust-aggregation``).
+        It keeps one model per node or per client group.
+    median : bool
+        Its aggregation has a coordinate-wise median variant (``robust-aggregation = 'median'``):
+        not for per-node models (every reply is its own model) nor pFedKnow (sparse uploads,
+        masks kept per client); equals its strategy class's ``supports_median``.
 
     """
 
@@ -87,6 +90,7 @@ class MethodEntry:
     assign: Assign = "choice"
     client: ClientRole = "supervised"
     per_node_models: bool = False
+    median: bool = True
 
 
 _TEXT_OR_CNN: frozenset[FamilyKind] = frozenset({"transformer", "cnn"})
@@ -95,7 +99,9 @@ _CODIST: frozenset[FamilyKind] = frozenset({"transformer", "codist"})
 
 
 def _flexifed(name: str, mode: str, summary: str) -> MethodEntry:
-    return MethodEntry(name, summary, "server.factories:flexifed", _FLEXIFED, mode=mode, per_node_models=True)
+    return MethodEntry(
+        name, summary, "server.factories:flexifed", _FLEXIFED, mode=mode, per_node_models=True, median=False
+    )
 
 
 def _codist(name: str, mode: str, summary: str) -> MethodEntry:
@@ -103,7 +109,9 @@ def _codist(name: str, mode: str, summary: str) -> MethodEntry:
 
 
 def _pfedknow(name: str, summary: str) -> MethodEntry:
-    return MethodEntry(name, summary, "server.factories:pfedknow", _TEXT_OR_CNN, mode=name, client="unlabeled-pruning")
+    return MethodEntry(
+        name, summary, "server.factories:pfedknow", _TEXT_OR_CNN, mode=name, client="unlabeled-pruning", median=False
+    )
 
 
 _ENTRIES: tuple[MethodEntry, ...] = (
@@ -141,6 +149,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
         "server.factories:local",
         frozenset({"transformer"}),
         per_node_models=True,
+        median=False,
     ),
     MethodEntry(
         "heterofl",

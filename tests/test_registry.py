@@ -72,6 +72,7 @@ def test_each_entry_builds_its_strategy_class(method: str) -> None:
     strategy = build_strategy(cfg)
     assert type(strategy) is EXPECTED_CLASS[method]
     assert cfg.entry is METHODS[method]
+    assert cfg.entry.median == strategy.supports_median  # the config refuses the median where the strategy would
 
 
 def test_entry_facts_drive_the_strategy_options() -> None:

@@ -15,6 +15,7 @@ from strategies.fedadam import FedAdamConfig
 from strategies.inclusivefl import InclusiveFL
 from strategies.robust import MedianBuffer, clip_update, coordinate_median, update_norm
 from strategies.validation import ReplyRejected, validate_examples_claim
+from tests.test_pfedknow_config import BASE as PFEDKNOW_BASE
 from tests.toy import constant_state, reply, sent, toy_catalog, trained
 
 
@@ -145,6 +146,11 @@ def test_median_is_refused_where_it_is_undefined() -> None:
             RunConfig.from_flower(
                 {"method": method, "robust-aggregation": "median", "tier-proportions": "1:1", **model}
             )
+
+
+def test_median_is_refused_for_pfedknow_before_its_strategy_is_built() -> None:
+    with pytest.raises(ConfigError, match=r"'median' is not defined for method 'pfedknow' \(its own aggregation\)"):
+        RunConfig.from_flower({**PFEDKNOW_BASE, "robust-aggregation": "median"})
 
 
 def test_clip_config_one_value_or_one_per_tier() -> None:
