@@ -35,7 +35,6 @@ import math
 import re
 import shlex
 import sys
-import threading
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deploy.claims import Claim, ClaimError, best_value, claims_markdown, parse_claims
+from deploy.console import RoundTail
 from deploy.launch import (
     ROOT,
     check_gpus_per_client,
@@ -699,54 +699,6 @@ def write_report(
 
 
 # --------------------------------------------------------------------------------- running
-def format_round(row: Mapping[str, Any], metric: str, rounds: int | None) -> str:
-    """One progress line for a ``rounds.jsonl`` row: round, its seconds and the metric per tier."""
-    vals = ", ".join(f"{t} {v[metric]:.3f}" for t, v in row.get("tiers", {}).items() if v.get(metric) is not None)
-    total = f"/{rounds}" if rounds else ""
-    return f"    round {row.get('round')}{total} ({float(row.get('seconds', 0.0)):.1f} s): {vals or '-'}"
-
-
-class RoundTail:
-    """Print each new line of a run's ``rounds.jsonl`` while the run is going (a polling thread)."""
-
-    def __init__(self, path: Path, *, metric: str, rounds: int | None, poll_s: float = 1.0) -> None:
-        self.path, self.metric, self.rounds, self.poll_s = path, metric, rounds, poll_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._printed: set[int] = set()
-        self._started = time.time()
-
-    def __enter__(self) -> RoundTail:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._poll()
-
-    def _poll(self) -> None:
-        try:
-            if self.path.stat().st_mtime < self._started:
-                return  # left by an earlier, unfinished run; the new run rewrites it
-            lines = self.path.read_text().splitlines()
-        except FileNotFoundError:
-            return
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written
-            r = int(row.get("round", -1))
-            if r not in self._printed:
-                self._printed.add(r)
-                print(format_round(row, self.metric, self.rounds), flush=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            self._poll()
-
-
 def _rounds_of(run_config: str) -> int | None:
     m = re.search(r"(?:^|\s)num-server-rounds=(\d+)", run_config)
     return int(m.group(1)) if m else None

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from client.warm import enabled as warm_enabled
 from client.warm import shim_dir
+from deploy.console import RoundTail, verdict_lines
 from deploy.locks import SIMULATION_LOCK, file_lock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,6 +226,7 @@ def run_simulation(
     timeout: float = 3600.0,
     echo: bool = True,
     lock: Path | None = SIMULATION_LOCK,
+    log_path: Path | None = None,
 ) -> RunOutcome:
     """``flwr run . --stream`` in Ray simulation; stop the SuperLink it auto-started.
 
@@ -232,7 +234,8 @@ def run_simulation(
     a GPU at a time; pair it with the run config's ``device``); more than 0 on a machine
     without a CUDA GPU fails here, where Ray would wait forever.  The whole run holds ``lock``
     (:mod:`deploy.locks`): the local simulation SuperLink uses fixed ports, so a second
-    simulation on the machine waits for this one to finish.
+    simulation on the machine waits for this one to finish.  ``log_path``: a file that gets
+    Flower's whole output as it comes (``echo`` shows it on the console too).
     """
     check_gpus_per_client(gpus_per_client)
     resources = f"client-resources-num-cpus={cpus_per_client:g}"
@@ -248,6 +251,10 @@ def run_simulation(
             "--run-config", _run_config_arg(run_config, results_dir, run_name),
         ]  # fmt: skip
         lines: list[str] = []
+        log_file = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = log_path.open("w")
         try:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert proc.stdout is not None
@@ -256,12 +263,17 @@ def run_simulation(
                 lines.append(line)
                 if echo:
                     sys.stdout.write(line)
+                if log_file is not None:
+                    log_file.write(line)
+                    log_file.flush()
                 if time.time() - start > timeout:
                     proc.kill()
                     break
             code = proc.wait()
         finally:
             _stop(_superlink_pids() - before)
+            if log_file is not None:
+                log_file.close()
     return RunOutcome(code, results_dir / run_name, "".join(lines))
 
 
@@ -629,8 +641,10 @@ def host_commands(superlink: str, tiers: Sequence[str], *, tls: bool = False, au
     return lines
 
 
-def run_preflight(run_config: str, *, supernodes: int | None, tiers: Sequence[str] | None) -> str | None:
-    """Run :func:`deploy.preflight.preflight` and print its lines; the error text when the run cannot start.
+def run_preflight(run_config: str, *, supernodes: int | None, tiers: Sequence[str] | None) -> str | int:
+    """Run :func:`deploy.preflight.preflight` and print its lines.
+
+    Returns the error text when the run cannot start, else its number of rounds.
 
     ``supernodes``: a simulation's virtual clients; ``tiers``: a loopback cluster's node tiers.
     """
@@ -648,7 +662,7 @@ def run_preflight(run_config: str, *, supernodes: int | None, tiers: Sequence[st
     except ConfigError as exc:
         return str(exc)
     print("\n".join(found.lines()), flush=True)
-    return None
+    return found.config.num_server_rounds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -669,6 +683,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--run-name", default="", help="the results folder's name; empty: MODE-YYYYMMDD-HHMMSS")
         p.add_argument(
             "--skip-preflight", action="store_true", help="start without the pre-flight checks (deploy/preflight.py)"
+        )
+        p.add_argument(
+            "--verbose", action="store_true", help="show Flower's and Ray's whole output instead of one line per round"
         )
         if name == "simulation":
             p.add_argument("--supernodes", type=int, default=6, help="virtual clients (Ray actors share the cores)")
@@ -703,31 +720,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.config.is_file():
             parser.error(f"--config {args.config}: no such file (the run configs are in deploy/configs/)")
         args.run_config = merge_overrides(config_file_overrides(args.config), args.run_config)
+    rounds: int | None = None
     if not args.skip_preflight:
         tiers = args.tiers.split(",") if args.mode == "loopback" else None
-        problem = run_preflight(args.run_config, supernodes=getattr(args, "supernodes", None), tiers=tiers)
-        if problem is not None:
-            print(f"pre-flight failed, nothing was started: {problem}", file=sys.stderr)
+        checked = run_preflight(args.run_config, supernodes=getattr(args, "supernodes", None), tiers=tiers)
+        if isinstance(checked, str):
+            print(f"pre-flight failed, nothing was started: {checked}", file=sys.stderr)
             return 2
-    if args.mode == "simulation":
-        outcome = run_simulation(
-            supernodes=args.supernodes, run_config=args.run_config, results_dir=results,
-            run_name=run_name, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-        )  # fmt: skip
-    else:
-        if args.auth and args.tls_dir is None:
-            parser.error("--auth needs --tls-dir (Flower authenticates SuperNodes only over TLS)")
-        security = Security.generate(args.tls_dir.resolve(), auth=args.auth) if args.tls_dir else None
-        outcome = run_loopback(
-            tiers=args.tiers.split(","), run_config=args.run_config, results_dir=results, run_name=run_name,
-            security=security,
-        )  # fmt: skip
+        rounds = checked
+    folder = results / run_name
+    log_path = folder / "flower.log"
+    where = f"Flower's output: {log_path}" if not args.verbose else "Flower's output below"
+    if args.mode == "loopback":
+        where += f"; SuperLink and SuperNode logs: {folder / 'logs'}"
+    print(f"running {run_name} ({where})", flush=True)
+    started = time.time()
+    tail = RoundTail(folder / "rounds.jsonl", metric="local-accuracy", rounds=rounds, eta=True)
+    with contextlib.nullcontext() if args.verbose else tail:
+        if args.mode == "simulation":
+            outcome = run_simulation(
+                supernodes=args.supernodes, run_config=args.run_config, results_dir=results,
+                run_name=run_name, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                echo=args.verbose, log_path=log_path,
+            )  # fmt: skip
+        else:
+            if args.auth and args.tls_dir is None:
+                parser.error("--auth needs --tls-dir (Flower authenticates SuperNodes only over TLS)")
+            security = Security.generate(args.tls_dir.resolve(), auth=args.auth) if args.tls_dir else None
+            outcome = run_loopback(
+                tiers=args.tiers.split(","), run_config=args.run_config, results_dir=results, run_name=run_name,
+                security=security, echo=args.verbose,
+            )  # fmt: skip
+            folder.mkdir(parents=True, exist_ok=True)
+            log_path.write_text(outcome.log)
     if not outcome.ok:
+        if not args.verbose:
+            print("".join(outcome.log.splitlines(keepends=True)[-15:]), file=sys.stderr)
         print(f"run failed: no summary in {outcome.results} (flwr exit code {outcome.returncode})", file=sys.stderr)
         if outcome.reason:
             print(f"because {outcome.reason}", file=sys.stderr)
+        print(f"Flower's whole output: {log_path}", file=sys.stderr)
         return 1
-    print((outcome.results / "summary.csv").read_text())
+    print("\n".join(verdict_lines(outcome.results / "summary.csv", wall_seconds=time.time() - started)))
     return 0
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import console
 from deploy import experiments as ex
 from deploy.experiments import Cell, Preset, RunResult, Suite, SuiteError, SuiteRun
 from experiment.config import RunConfig
@@ -160,7 +161,7 @@ def test_read_run_from_a_results_folder(tmp_path: Path) -> None:
 
 def test_format_round_progress_line() -> None:
     row = {"round": 3, "seconds": 41.24, "tiers": {"weak": {"local-accuracy": 0.5}, "strong": {"x": 1}}}
-    assert ex.format_round(row, "local-accuracy", 10) == "    round 3/10 (41.2 s): weak 0.500"
+    assert console.format_round(row, "local-accuracy", 10) == "    round 3/10 (41.2 s): weak 0.500"
 
 
 # ------------------------------------------------------------------------------- suites
