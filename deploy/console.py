@@ -12,9 +12,11 @@ import csv
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from experiment.outputs import WARNINGS_FILE
 
 
 def eta_seconds(row: Mapping[str, Any], rounds: int | None) -> float | None:
@@ -35,11 +37,28 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
+def traffic(row: Mapping[str, Any]) -> str | None:
+    """The round's bytes over every tier, ``"12.3 MB down, 4.1 MB up"`` (``None`` when nothing moved)."""
+    tiers = row.get("tiers", {}).values()
+    down = sum(float(v.get("bytes-down", 0) or 0) for v in tiers)
+    up = sum(float(v.get("bytes-up", 0) or 0) for v in tiers)
+    if down == 0 and up == 0:
+        return None
+    return f"{down / 1e6:.1f} MB down, {up / 1e6:.1f} MB up"
+
+
 def format_round(row: Mapping[str, Any], metric: str, rounds: int | None, *, eta: bool = False) -> str:
-    """One progress line for a ``rounds.jsonl`` row: round, its seconds and the metric per tier (and the ETA)."""
+    """One progress line for a ``rounds.jsonl`` row.
+
+    Round k/N, its seconds, the metric per tier, the bytes the round sent and received, and (with
+    ``eta``) the time left.
+    """
     vals = ", ".join(f"{t} {v[metric]:.3f}" for t, v in row.get("tiers", {}).items() if v.get(metric) is not None)
     total = f"/{rounds}" if rounds else ""
     line = f"    round {row.get('round')}{total} ({float(row.get('seconds', 0.0)):.1f} s): {vals or '-'}"
+    moved = traffic(row)
+    if moved is not None:
+        line += f"; {moved}"
     left = eta_seconds(row, rounds) if eta else None
     if left is not None and int(row.get("round", 0)) < (rounds or 0):
         line += f"; about {_duration(left)} left"
@@ -91,12 +110,19 @@ def _percent(value: str) -> str:
     return f"{float(value):.3f}" if value not in ("", None) else "-"
 
 
-def verdict_lines(summary: Path, *, wall_seconds: float) -> list[str]:
+def run_warnings(folder: Path, earlier: Sequence[str] = ()) -> list[str]:
+    """``earlier`` warnings (the pre-flight's) and the run's own (``warnings.txt``), each once, in order."""
+    path = folder / WARNINGS_FILE
+    found = path.read_text().splitlines() if path.exists() else []
+    return list(dict.fromkeys(w for w in (*earlier, *found) if w.strip()))
+
+
+def verdict_lines(summary: Path, *, wall_seconds: float, warnings: Sequence[str] = ()) -> list[str]:
     """The final verdict from a run's ``summary.csv``: per tier final / best accuracy against the majority class.
 
     A tier "learns" when its final accuracy is clearly above the majority-class rate of the
     held-out set (``server.results.verdict``); "majority class" marks a model that predicts
-    one class.
+    one class. ``warnings`` (what the run could not do as asked) are repeated last.
     """
     with summary.open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -115,4 +141,5 @@ def verdict_lines(summary: Path, *, wall_seconds: float) -> list[str]:
             f"best {_percent(r['best-local-accuracy'])} (round {r.get('best-round') or '-'})  {r.get('verdict', '')}"
         )
     lines.append(f"results: {summary.parent}")
+    lines += [f"WARNING: {w}" for w in warnings]
     return lines

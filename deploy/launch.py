@@ -36,6 +36,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,8 +50,9 @@ from pathlib import Path
 
 from client.warm import enabled as warm_enabled
 from client.warm import shim_dir
-from deploy.console import RoundTail, verdict_lines
+from deploy.console import RoundTail, run_warnings, verdict_lines
 from deploy.locks import SIMULATION_LOCK, file_lock
+from experiment.outputs import ROUNDS_FILE, SUMMARY_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -77,6 +79,24 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         # from a process that has imported torch & co. once (client/warm.py)
         env["PATH"] = f"{shim_dir(flwr_home)}{os.pathsep}{env['PATH']}"
     return env
+
+
+@contextmanager
+def flower_home(given: Path | None) -> Iterator[Path]:
+    """``given``, or a temporary Flower home that is removed when the run ends (issue 23 item 6).
+
+    A run's Flower home holds only what lives as long as the run: the CLI's connection file, the
+    SuperLink's state database, SuperNode keys made for it and the warm SuperExec's shim; the
+    run's results and logs go to its results folder.
+    """
+    if given is not None:
+        yield given
+        return
+    home = Path(tempfile.mkdtemp(prefix="flwr-home-"))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _toml_value(value: object) -> str:
@@ -148,7 +168,7 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         """The run finished and wrote its summary."""
-        return self.returncode == 0 and (self.results / "summary.csv").exists()
+        return self.returncode == 0 and (self.results / SUMMARY_FILE).exists()
 
     @property
     def reason(self) -> str | None:
@@ -160,6 +180,7 @@ class RunOutcome:
 TYPED_ERRORS = (
     "NothingToTrain",
     "ConfigError",
+    "PreflightError",
     "DataError",
     "UnknownMethod",
     "FactoryNotFound",
@@ -241,8 +262,7 @@ def run_simulation(
     resources = f"client-resources-num-cpus={cpus_per_client:g}"
     if gpus_per_client > 0:
         resources += f" client-resources-num-gpus={gpus_per_client:g}"
-    with file_lock(lock, what=f"flwr run {run_name}"):
-        home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
+    with file_lock(lock, what=f"flwr run {run_name}"), flower_home(flwr_home) as home:
         env = flower_env(home)
         before = _superlink_pids()
         cmd = [
@@ -511,7 +531,7 @@ def wait_rounds(folder: Path, rounds: int, timeout: float, alive: subprocess.Pop
     SuperLink, and the CLI's log stream can drop (and the CLI exit) while the run goes on.
     """
     deadline = time.time() + timeout
-    path = folder / "rounds.jsonl"
+    path = folder / ROUNDS_FILE
     while time.time() < deadline:
         if path.exists():
             done = [line for line in path.read_text().splitlines() if line.strip()]
@@ -526,6 +546,11 @@ def wait_rounds(folder: Path, rounds: int, timeout: float, alive: subprocess.Pop
 def node_config_for(i: int, tiers: Sequence[str], extra: str = "") -> str:
     """``--node-config`` of loopback SuperNode ``i``: its partition and tier."""
     return f'partition-id={i} num-partitions={len(tiers)} tier="{tiers[i]}" {extra}'.strip()
+
+
+def supernode_names(tiers: Sequence[str]) -> list[str]:
+    """The loopback SuperNodes' process (and log) names: ``supernode-<tier>``, ``-<i>`` added where a tier repeats."""
+    return [f"supernode-{t}" if tiers.count(t) == 1 else f"supernode-{t}-{i}" for i, t in enumerate(tiers)]
 
 
 @contextmanager
@@ -559,8 +584,8 @@ def loopback_cluster(
                 private, public = make_supernode_key(home / "supernode-keys", f"{i}-{tier}")
                 register_supernode(cluster, public, connection)
                 keys[i] = private
-        for i, tier in enumerate(tiers):
-            cluster.start(f"supernode-{tier}", supernode_command(
+        for i, name in enumerate(supernode_names(tiers)):
+            cluster.start(name, supernode_command(
                 superlink=f"127.0.0.1:{ports.fleet}", node_config=node_config_for(i, tiers, node_config_extra),
                 port=ports.supernode + i, root_certificates=security.ca_cert if security else None, auth_key=keys[i],
             ))  # fmt: skip
@@ -581,20 +606,20 @@ def run_loopback(
 ) -> RunOutcome:
     """Start a loopback cluster, run the app on it over gRPC, stop the cluster."""
     ports = ports or Ports()
-    home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    write_connection(home, "loopback", ports, root_certificates=security.ca_cert if security else None)
     cfg = f"min-available-nodes={len(tiers)} {run_config}"
     log_dir = results_dir / run_name / "logs"
-    with loopback_cluster(tiers=tiers, home=home, ports=ports, log_dir=log_dir, security=security):
-        cmd = [
-            str(BIN / "flwr"), "run", str(ROOT), "loopback", "--stream",
-            "--run-config", _run_config_arg(cfg, results_dir, run_name),
-        ]  # fmt: skip
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=flower_env(home), capture_output=True, text=True, timeout=timeout, check=False
-        )
-        if echo:
-            sys.stdout.write(proc.stdout + proc.stderr)
+    with flower_home(flwr_home) as home:
+        write_connection(home, "loopback", ports, root_certificates=security.ca_cert if security else None)
+        with loopback_cluster(tiers=tiers, home=home, ports=ports, log_dir=log_dir, security=security):
+            cmd = [
+                str(BIN / "flwr"), "run", str(ROOT), "loopback", "--stream",
+                "--run-config", _run_config_arg(cfg, results_dir, run_name),
+            ]  # fmt: skip
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=flower_env(home), capture_output=True, text=True, timeout=timeout, check=False
+            )
+            if echo:
+                sys.stdout.write(proc.stdout + proc.stderr)
     return RunOutcome(proc.returncode, results_dir / run_name, proc.stdout + proc.stderr)
 
 
@@ -641,10 +666,13 @@ def host_commands(superlink: str, tiers: Sequence[str], *, tls: bool = False, au
     return lines
 
 
-def run_preflight(run_config: str, *, supernodes: int | None, tiers: Sequence[str] | None) -> str | int:
+def run_preflight(
+    run_config: str, *, supernodes: int | None, tiers: Sequence[str] | None
+) -> str | tuple[int, list[str]]:
     """Run :func:`deploy.preflight.preflight` and print its lines.
 
-    Returns the error text when the run cannot start, else its number of rounds.
+    Returns the error text when the run cannot start, else its number of rounds and its warnings
+    (printed again beside the verdict).
 
     ``supernodes``: a simulation's virtual clients; ``tiers``: a loopback cluster's node tiers.
     """
@@ -662,7 +690,7 @@ def run_preflight(run_config: str, *, supernodes: int | None, tiers: Sequence[st
     except ConfigError as exc:
         return str(exc)
     print("\n".join(found.lines()), flush=True)
-    return found.config.num_server_rounds
+    return found.config.num_server_rounds, list(found.warnings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -721,21 +749,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--config {args.config}: no such file (the run configs are in deploy/configs/)")
         args.run_config = merge_overrides(config_file_overrides(args.config), args.run_config)
     rounds: int | None = None
+    warnings: list[str] = []
     if not args.skip_preflight:
         tiers = args.tiers.split(",") if args.mode == "loopback" else None
         checked = run_preflight(args.run_config, supernodes=getattr(args, "supernodes", None), tiers=tiers)
         if isinstance(checked, str):
             print(f"pre-flight failed, nothing was started: {checked}", file=sys.stderr)
             return 2
-        rounds = checked
+        rounds, warnings = checked
     folder = results / run_name
     log_path = folder / "flower.log"
     where = f"Flower's output: {log_path}" if not args.verbose else "Flower's output below"
     if args.mode == "loopback":
-        where += f"; SuperLink and SuperNode logs: {folder / 'logs'}"
+        names = ["superlink", *supernode_names(args.tiers.split(","))]
+        where += f"; logs of each process in {folder / 'logs'}: {', '.join(f'{n}.log' for n in names)}"
     print(f"running {run_name} ({where})", flush=True)
     started = time.time()
-    tail = RoundTail(folder / "rounds.jsonl", metric="local-accuracy", rounds=rounds, eta=True)
+    tail = RoundTail(folder / ROUNDS_FILE, metric="local-accuracy", rounds=rounds, eta=True)
     with contextlib.nullcontext() if args.verbose else tail:
         if args.mode == "simulation":
             outcome = run_simulation(
@@ -761,7 +791,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"because {outcome.reason}", file=sys.stderr)
         print(f"Flower's whole output: {log_path}", file=sys.stderr)
         return 1
-    print("\n".join(verdict_lines(outcome.results / "summary.csv", wall_seconds=time.time() - started)))
+    verdict = verdict_lines(
+        outcome.results / SUMMARY_FILE,
+        wall_seconds=time.time() - started,
+        warnings=run_warnings(outcome.results, warnings),
+    )
+    print("\n".join(verdict))
     return 0
 
 

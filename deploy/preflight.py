@@ -15,6 +15,8 @@ the ServerApp take half a minute or more), found here in seconds, with the key a
 5. the tiers: the variant each tier's nodes will take (:mod:`experiment.preflight`): an error
    when no node can train, warnings when a tier or a variant trains nowhere.
 
+Checks 2-3, the data's resolution and the keys without effect live in :mod:`experiment.preflight`,
+where the ServerApp runs them too (for ``flwr run`` users, who start without this launcher).
 Nothing here imports the ClientApp or the ServerApp.
 """
 
@@ -30,24 +32,21 @@ from typing import Any
 import click
 import datasets
 from flwr.common.config import parse_config_args
-from huggingface_hub import try_to_load_from_cache
 
-from experiment.config import ConfigError, RunConfig
-from experiment.preflight import TierAssignment, check_plan, no_effect_warnings, plan_tiers, simulated_tier_nodes
-from experiment.registry import ARCH_FAMILIES
-from models import cnn
-from models.codist import FAMILY as CODIST_MODEL
-from models.data import EMBEDDED_PREFIX, EMBEDDED_SETS, DataError, check_partitioning
-from models.transformer import EMBEDDED_MODEL, TINY_MODEL
+from experiment.config import RunConfig
+from experiment.preflight import (
+    PreflightError,
+    TierAssignment,
+    check_dataset,
+    check_model,
+    check_plan,
+    no_effect_warnings,
+    plan_tiers,
+    simulated_tier_nodes,
+)
+from models.data import DataError, check_partitioning
 
 ROOT = Path(__file__).resolve().parent.parent
-
-#: File endings that make a ``dataset`` value a path (a missing one is an error, never a hub id).
-_PATH_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt", ".tsv", ".arrow", ".bz2", ".gz")
-
-
-class PreflightError(ConfigError):
-    """The run cannot do what was asked; ``str(exc)`` names the key and the fix."""
 
 
 @dataclass
@@ -98,62 +97,6 @@ def check_keys(overrides: Mapping[str, object], declared: Mapping[str, object]) 
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         parts.append(f"run config {key!r} is not a key of this app{hint}")
     raise PreflightError("; ".join(parts) + "; the keys are [tool.flwr.app.config] in pyproject.toml")
-
-
-def shipped_models() -> list[str]:
-    """``model`` values that need no download: the embedded transformers and every image family."""
-    return [EMBEDDED_MODEL, TINY_MODEL, *cnn.MODEL_NAMES, *ARCH_FAMILIES, CODIST_MODEL]
-
-
-def _in_hub_cache(repo_id: str, filename: str, repo_type: str = "model") -> bool:
-    try:
-        found = try_to_load_from_cache(repo_id, filename, repo_type=repo_type)
-    except Exception:  # an id the hub client rejects (e.g. a path with spaces) is not cached
-        return False
-    return isinstance(found, str)
-
-
-def check_model(cfg: RunConfig, cwd: Path) -> str | None:
-    """Raise for a ``model`` that is a typo of a shipped one; return a warning for one to be downloaded."""
-    shipped = shipped_models()
-    model = cfg.model
-    if model in shipped or (cwd / model).expanduser().is_dir() or Path(model).expanduser().is_dir():
-        return None
-    if _in_hub_cache(model, "config.json"):
-        return None
-    close = difflib.get_close_matches(model, shipped, n=1, cutoff=0.6)
-    if close or "/" not in model:
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise PreflightError(
-            f"run config 'model': {model!r} is not a shipped model ({', '.join(shipped)}), a local folder "
-            f"or a Hugging Face hub id ('org/name'); {hint}"
-            "a hub id is fetched from the hub at start"
-        )
-    return f"model {model!r} is not in the local Hugging Face cache: every process will fetch it from the hub"
-
-
-def check_dataset(cfg: RunConfig, cwd: Path) -> str | None:
-    """Raise for a ``dataset`` that looks like a path and does not exist; warn for one to be downloaded."""
-    name = cfg.dataset
-    if name.startswith(EMBEDDED_PREFIX):
-        if name[len(EMBEDDED_PREFIX) :] not in EMBEDDED_SETS:
-            shipped = [EMBEDDED_PREFIX + s for s in EMBEDDED_SETS]
-            close = difflib.get_close_matches(name, shipped, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PreflightError(f"run config 'dataset': {name!r} is not shipped{hint}; shipped: {shipped}")
-        return None
-    path = Path(name).expanduser()
-    if path.exists() or (cwd / path).exists():
-        return None
-    looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(_PATH_SUFFIXES) or name.count("/") > 1
-    if looks_like_path:
-        raise PreflightError(
-            f"run config 'dataset': no file or folder {name!r} (relative paths are read from {cwd}); "
-            "a Hugging Face hub dataset is given by its id 'org/name'"
-        )
-    if _in_hub_cache(name, "README.md", repo_type="dataset"):
-        return None
-    return f"dataset {name!r} is neither shipped nor local: it is fetched from the Hugging Face hub at start"
 
 
 def preflight(

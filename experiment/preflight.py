@@ -7,15 +7,29 @@ whole run's assignment is known from the run config and the node count alone.  T
 lets a launcher refuse, before a SuperLink or Ray starts, a run in which no node can train, and
 warn about one in which a tier's variant trains on no node (the run would look heterogeneous
 and not be).  The ServerApp sees the same facts later, node by node, in the handshake.
+
+The checks that need no node count -- the model and the data resolve (:func:`check_model`,
+:func:`check_dataset`), keys that change nothing (:func:`no_effect_warnings`) -- run in the
+launcher's pre-flight (:mod:`deploy.preflight`) and again at the ServerApp's start
+(:func:`start_checks`), for ``flwr run`` users.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import try_to_load_from_cache
 
 from experiment.config import KEY_METHODS, ConfigError, RunConfig
+from experiment.registry import ARCH_FAMILIES
+from models import cnn
 from models.catalog import choose_variant, tier_counts
+from models.codist import FAMILY as CODIST_MODEL
+from models.data import EMBEDDED_PREFIX, EMBEDDED_SETS
+from models.transformer import EMBEDDED_MODEL, TINY_MODEL
 
 
 class NothingCanTrain(ConfigError):
@@ -150,3 +164,93 @@ def no_effect_warnings(cfg: RunConfig, overridden: Iterable[str]) -> list[str]:
         if owners is not None and cfg.method not in owners:
             out.append(f"{key!r} has no effect with method = {cfg.method!r}: only {', '.join(sorted(owners))} read it")
     return out
+
+
+#: File endings that make a ``dataset`` value a path (a missing one is an error, never a hub id).
+_PATH_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt", ".tsv", ".arrow", ".bz2", ".gz")
+
+
+class PreflightError(ConfigError):
+    """The run cannot do what was asked; ``str(exc)`` names the key and the fix."""
+
+
+def shipped_models() -> list[str]:
+    """``model`` values that need no download: the embedded transformers and every image family."""
+    return [EMBEDDED_MODEL, TINY_MODEL, *cnn.MODEL_NAMES, *ARCH_FAMILIES, CODIST_MODEL]
+
+
+def _in_hub_cache(repo_id: str, filename: str, repo_type: str = "model") -> bool:
+    try:
+        found = try_to_load_from_cache(repo_id, filename, repo_type=repo_type)
+    except Exception:  # an id the hub client rejects (e.g. a path with spaces) is not cached
+        return False
+    return isinstance(found, str)
+
+
+def check_model(cfg: RunConfig, cwd: Path) -> str | None:
+    """Raise for a ``model`` that is a typo of a shipped one; return a warning for one to be downloaded."""
+    shipped = shipped_models()
+    model = cfg.model
+    if model in shipped or (cwd / model).expanduser().is_dir() or Path(model).expanduser().is_dir():
+        return None
+    if _in_hub_cache(model, "config.json"):
+        return None
+    close = difflib.get_close_matches(model, shipped, n=1, cutoff=0.6)
+    if close or "/" not in model:
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise PreflightError(
+            f"run config 'model': {model!r} is not a shipped model ({', '.join(shipped)}), a local folder "
+            f"or a Hugging Face hub id ('org/name'); {hint}"
+            "a hub id is fetched from the hub at start"
+        )
+    return f"model {model!r} is not in the local Hugging Face cache: every process will fetch it from the hub"
+
+
+def check_dataset(cfg: RunConfig, cwd: Path) -> str | None:
+    """Raise for a ``dataset`` that looks like a path and does not exist; warn for one to be downloaded."""
+    name = cfg.dataset
+    if name.startswith(EMBEDDED_PREFIX):
+        if name[len(EMBEDDED_PREFIX) :] not in EMBEDDED_SETS:
+            shipped = [EMBEDDED_PREFIX + s for s in EMBEDDED_SETS]
+            close = difflib.get_close_matches(name, shipped, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PreflightError(f"run config 'dataset': {name!r} is not shipped{hint}; shipped: {shipped}")
+        return None
+    path = Path(name).expanduser()
+    if path.exists() or (cwd / path).exists():
+        return None
+    looks_like_path = name.startswith((".", "/", "~")) or name.lower().endswith(_PATH_SUFFIXES) or name.count("/") > 1
+    if looks_like_path:
+        raise PreflightError(
+            f"run config 'dataset': no file or folder {name!r} (relative paths are read from {cwd}); "
+            "a Hugging Face hub dataset is given by its id 'org/name'"
+        )
+    if _in_hub_cache(name, "README.md", repo_type="dataset"):
+        return None
+    return f"dataset {name!r} is neither shipped nor local: it is fetched from the Hugging Face hub at start"
+
+
+def changed_keys(cfg: RunConfig) -> list[str]:
+    """The run-config keys whose value differs from its declared default (what a user set).
+
+    The ServerApp sees Flower's merged run config, not the user's overrides: a key set to its
+    default is indistinguishable from one left alone, and changes nothing either way.
+    """
+    fields = type(cfg).model_fields
+    return [
+        info.alias or name.replace("_", "-")
+        for name, info in fields.items()
+        if not info.is_required() and getattr(cfg, name) != info.get_default(call_default_factory=True)
+    ]
+
+
+def start_checks(cfg: RunConfig, cwd: Path) -> tuple[list[str], list[str]]:
+    """The ServerApp's pre-flight: raise for a model or data that cannot resolve; return notes and warnings.
+
+    The same checks and messages as the launcher's (:func:`check_model`, :func:`check_dataset`,
+    :func:`no_effect_warnings` over :func:`changed_keys`), so that a ``flwr run`` user meets a
+    typo of a model as the key and the closest shipped name, not as a hub connection error.
+    Notes: a model or dataset to be fetched from the hub; warnings: keys that change nothing.
+    """
+    notes = [n for n in (check_model(cfg, cwd), check_dataset(cfg, cwd)) if n is not None]
+    return notes, no_effect_warnings(cfg, changed_keys(cfg))

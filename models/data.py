@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, disable_progress_bars, load_dataset
 from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
@@ -526,7 +526,8 @@ class _Collator:
 
 
 def main() -> None:
-    """``python -m models.data`` prepares the embedded sets."""
+    """``python -m models.data`` prepares the embedded sets (one line each, no progress bars)."""
+    disable_progress_bars()
     for name, kind in zip(EMBEDDED_SETS, ("text", "image"), strict=True):
         folder = prepare_embedded(name)
         spec = DataSpec(dataset=EMBEDDED_PREFIX + name, kind=kind)

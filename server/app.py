@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from experiment.config import ConfigError, RunConfig
+from experiment.preflight import start_checks
 from experiment.registry import FactoryNotFound, load_factory
 from models.data import (
     DataSpec,
@@ -220,6 +221,11 @@ def restore(
 def main(grid: Grid, context: Context) -> None:
     """Run (or resume) ``num-server-rounds`` rounds of the configured method and write results."""
     cfg = RunConfig.from_flower(context.run_config)
+    notes, start_warnings = start_checks(cfg, Path.cwd())
+    for message in notes:
+        log(INFO, "pre-flight: %s", message)
+    for message in start_warnings:
+        log(WARNING, "pre-flight: %s", message)
     use_threads(cfg.server_threads)
     check_data(cfg, cfg.data_spec())
     strategy = build_strategy(cfg)
@@ -286,6 +292,6 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_config=ConfigRecord(),
         evaluate_fn=evaluate_fn,
     )
-    writer.finish()
+    writer.finish([*start_warnings, *strategy.plan_warnings])
     for message in strategy.plan_warnings:  # said at the first handshake; repeated beside the verdict
         log(WARNING, "%s", message)

@@ -31,6 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from experiment.outputs import WARNINGS_FILE
 from strategies.base import RoundReport
 
 #: A tier "learns" when its final accuracy is at least this far above the majority-class rate.
@@ -139,9 +140,19 @@ class ResultsWriter:
     def _order(self, tier: str) -> int:
         return self.tiers.index(tier) if tier in self.tiers else len(self.tiers)
 
-    def finish(self) -> Path:
-        """Write ``summary.csv`` and ``accuracy.png`` and print the summary table."""
+    def finish(self, warnings: Sequence[str] = ()) -> Path:
+        """Write ``summary.csv``, ``accuracy.png`` and the run's ``warnings`` and print the summary table.
+
+        ``warnings``: what the run found it could not do as asked (e.g. a variant no node chose);
+        written one per line to ``warnings.txt`` (removed when there are none), which the
+        launcher prints again beside its verdict.
+        """
         summary = self.folder / "summary.csv"
+        warned = self.folder / WARNINGS_FILE
+        if warnings:
+            warned.write_text("".join(f"{w}\n" for w in warnings))
+        else:
+            warned.unlink(missing_ok=True)
         final = self.rows[-1] if self.rows else {"tiers": {}}
         best: dict[str, tuple[float, int]] = {}
         for row in self.rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -13,10 +14,12 @@ from experiment.config import ConfigError, RunConfig
 from experiment.preflight import (
     NothingCanTrain,
     TierAssignment,
+    changed_keys,
     check_plan,
     no_effect_warnings,
     plan_tiers,
     simulated_tier_nodes,
+    start_checks,
 )
 from models.catalog import tier_counts
 
@@ -106,18 +109,19 @@ def test_unknown_keys_get_the_closest_declared_ones() -> None:
         parse_overrides("num-server-rounds=three")
 
 
-@pytest.mark.parametrize(
-    ("run_config", "error", "match"),
-    [
-        ("num-rounds=3", PreflightError, "did you mean 'num-server-rounds'"),
-        ("method='inclusivfl'", ConfigError, "did you mean 'inclusivefl'"),
-        ("model='minilm-l12'", PreflightError, "did you mean 'minilm-l6'"),
-        ("dataset='data/reviews.csv'", PreflightError, "no file or folder 'data/reviews.csv'"),
-        ("dataset='embedded:rotten_tomato'", PreflightError, "did you mean 'embedded:rotten_tomatoes'"),
-        ("tier-memory-mb='100:120:140'", NothingCanTrain, "no node can train"),
-        ("partitioner='dirichlet' dirichlet-alpha=0.1", PreflightError, "raise dirichlet-alpha"),
-    ],
-)
+#: Bad inputs a user meets in the first hour (issue 23), with the error and what its message names.
+BAD_INPUTS = [
+    ("num-rounds=3", PreflightError, "did you mean 'num-server-rounds'"),
+    ("method='inclusivfl'", ConfigError, "did you mean 'inclusivefl'"),
+    ("model='minilm-l12'", PreflightError, "did you mean 'minilm-l6'"),
+    ("dataset='data/reviews.csv'", PreflightError, "no file or folder 'data/reviews.csv'"),
+    ("dataset='embedded:rotten_tomato'", PreflightError, "did you mean 'embedded:rotten_tomatoes'"),
+    ("tier-memory-mb='100:120:140'", NothingCanTrain, "no node can train"),
+    ("partitioner='dirichlet' dirichlet-alpha=0.1", PreflightError, "raise dirichlet-alpha"),
+]
+
+
+@pytest.mark.parametrize(("run_config", "error", "match"), BAD_INPUTS)
 def test_preflight_stops_what_cannot_run(run_config: str, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         preflight(run_config, num_nodes=30)
@@ -139,7 +143,39 @@ def test_launcher_stops_before_starting_anything(capsys: pytest.CaptureFixture[s
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("run_config", "error", "match"), BAD_INPUTS)
+@pytest.mark.parametrize("mode", ["simulation", "loopback"])
+def test_every_bad_input_stops_the_launcher_naming_the_fix(
+    mode: str, run_config: str, error: type[Exception], match: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Each bad input as a user meets it: the launcher exits 2 with the key and the fix, nothing started."""
+    nodes = ["--supernodes", "30"] if mode == "simulation" else ["--tiers", ",".join(["weak", "medium", "strong"] * 10)]
+    code = launch.main([mode, *nodes, "--run-config", run_config, "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert re.search(match, err), err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_launcher_names_a_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         launch.main(["simulation", "--config", str(tmp_path / "missing.toml")])
     assert exc.value.code == 2
+
+
+def test_the_serverapp_runs_the_same_checks_for_flwr_run_users(tmp_path: Path) -> None:
+    """``flwr run`` skips the launcher: the ServerApp's start names the key and the closest choice too."""
+    typo = RunConfig.model_validate({"model": "minilm-l12"})
+    with pytest.raises(PreflightError, match=r"run config 'model': 'minilm-l12' .* did you mean 'minilm-l6'"):
+        start_checks(typo, tmp_path)
+    missing = RunConfig.model_validate({"dataset": "data/reviews.csv"})
+    with pytest.raises(PreflightError, match=r"no file or folder 'data/reviews.csv'"):
+        start_checks(missing, tmp_path)
+    cfg = RunConfig.model_validate({"local-epochs": 5, "beta": 0.5, "method": "heterofl"})
+    assert set(changed_keys(cfg)) == {"local-epochs", "beta", "method"}
+    notes, warnings = start_checks(cfg, tmp_path)
+    assert notes == []
+    assert warnings == no_effect_warnings(cfg, ["local-epochs", "beta", "method"])
+    assert any("'local-epochs' has no effect" in w for w in warnings)
+    assert any("'beta' has no effect with method = 'heterofl'" in w for w in warnings)
+    assert start_checks(RunConfig.model_validate({}), tmp_path) == ([], [])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import launch
 from deploy.launch import run_simulation
 from experiment.config import RunConfig
 from tests.flower_runs import TINY, read_rounds, tiny_budgets, tiny_depths, tiny_trainable_bytes
@@ -188,17 +189,20 @@ def test_codistillation_pools_with_nested_membership(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_run_where_every_node_declines_fails_naming_the_memory_keys(tmp_path: Path) -> None:
-    """Issue 23 item 2: budgets no variant fits stop round 1 (no summary, non-zero) with the reason."""
-    outcome = run_simulation(
-        supernodes=3,
-        run_config=f"{TINY} num-server-rounds=2 tier-memory-mb='100:120:140'",
-        results_dir=tmp_path,
-        run_name="declined",
-        flwr_home=tmp_path / "flwr-home",
-        echo=False,
-    )
-    assert not outcome.ok
-    assert outcome.reason is not None, outcome.log[-4000:]
-    assert outcome.reason.startswith("NothingToTrain: nothing to train in round 1: all 3 connected nodes declined")
-    assert "'tier-memory-mb'" in outcome.reason
+def test_a_run_where_every_node_declines_fails_naming_the_memory_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23 item 2: budgets no variant fits stop round 1; the launcher exits non-zero naming the keys.
+
+    Started as a user would, through the launcher, with its pre-flight skipped (the pre-flight
+    refuses these budgets before Ray starts: tests/test_preflight.py).
+    """
+    code = launch.main(
+        ["simulation", "--supernodes", "3", "--skip-preflight", "--results-dir", str(tmp_path),
+         "--run-name", "declined", "--run-config", f"{TINY} num-server-rounds=2 tier-memory-mb='100:120:140'"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert not (tmp_path / "declined" / "summary.csv").exists()
+    assert "because NothingToTrain: nothing to train in round 1: all 3 connected nodes declined" in err, err
+    assert "'tier-memory-mb'" in err
