@@ -8,7 +8,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup data demo test test-deploy test-gpu certs lint typecheck unit loopback clean
+.PHONY: setup data demo test test-deploy compose-tool test-gpu certs lint typecheck unit loopback clean
 
 SETUP_LOG := $(VENV)/setup.log
 
@@ -62,8 +62,18 @@ unit: setup
 test: setup lint typecheck
 	$(BIN)/pytest
 
-# real-deployment suite (namespaces, TLS, SuperNode kill, cgroup memory, ServerApp kill + resume); root for namespaces
-test-deploy: setup
+# a compose implementation for `compose config` (tests/test_deploy_files.py): Debian's docker-compose, where apt-get runs
+compose-tool:
+	@if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1; then \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get install -y -q --no-install-recommends docker-compose >/dev/null 2>&1 \
+			|| { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends docker-compose >/dev/null; }; \
+		else echo "no compose implementation: install docker compose or docker-compose" >&2; fi; \
+	fi
+
+# real-deployment suite (namespaces, TLS, SuperNode kill, cgroup memory, ServerApp kill + resume, compose config); root for namespaces
+test-deploy: setup compose-tool
 	$(BIN)/pytest -m deploy
 
 # the same work on a CUDA GPU as on the CPU (tests/test_gpu.py); needs a machine with one (CI has none)
