@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import cached_property
-from itertools import pairwise
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -20,23 +19,22 @@ from pydantic.config import JsonDict, JsonValue
 
 from experiment import registry
 from models import cnn
-from models.architectures import architecture_catalog
 from models.catalog import VariantCatalog
-from models.codist import CODIST_SIZES, CodistFamily, codist_catalog
+from models.codist import CODIST_SIZES
 from models.codist import FAMILY as CODIST_MODEL
 from models.data import DataSpec
-from models.family import ArchitectureFamily, CNNFamily, ModelFamily, TransformerFamily, parse_widths
+from models.family import ModelFamily, parse_widths
 from models.images import IMAGE_DOMAINS
 from models.training import DEVICE_PATTERN, TrainSettings, resolve_device
 from models.transformer import (
     EMBEDDED_MODEL,
     TINY_MODEL,
     TransformerSpec,
-    depth_catalog,
     full_config,
-    matched_width_rates,
-    width_catalog,
 )
+
+if TYPE_CHECKING:
+    from experiment.resolve import Experiment
 
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = registry.names(width_tiers=True)
@@ -866,21 +864,21 @@ class RunConfig(BaseModel):
         """Tier proportions for emulated devices."""
         return [float(x) for x in split_list(self.tier_proportions, "tier-proportions")]
 
+    @cached_property
+    def experiment(self) -> Experiment:
+        """What this configuration describes (family, catalogs, data, training, budgets), derived once.
+
+        Each part is derived on first use and kept (:class:`experiment.resolve.Experiment`); the
+        properties and methods below that return such a part read it from here.
+        """
+        from experiment.resolve import Experiment
+
+        return Experiment(self)
+
     @property
     def memory_budgets(self) -> dict[str, float]:
-        """Emulated memory budget (MiB) per tier.
-
-        ``"auto"``: tier ``i`` gets ``overhead + (e_i + e_{i+1}) / 2`` and the strongest
-        ``overhead + 1.25 e_n``, with ``e_i`` the estimate of the catalog's ``i``-th variant, so
-        every emulated tier fits exactly its own variant.
-        """
-        if self.tier_memory_mb == "auto":
-            est = [v.memory.total_mb for v in self.catalog]
-            tops = [(a + b) / 2 for a, b in pairwise(est)] + [1.25 * est[-1]]
-            values = [self.runtime_overhead_mb + t for t in tops]
-            return dict(zip(self.catalog.names(), values, strict=True))
-        values = [float(x) for x in split_list(self.tier_memory_mb, "tier-memory-mb")]
-        return dict(zip(self.tier_names, values, strict=True))
+        """Emulated memory budget (MiB) per tier (``tier-memory-mb``; ``"auto"`` fits each tier its own variant)."""
+        return self.experiment.memory_budgets
 
     @property
     def family_kind(self) -> registry.FamilyKind:
@@ -914,59 +912,19 @@ class RunConfig(BaseModel):
 
     def family(self) -> ModelFamily:
         """The model family the apps build variants from."""
-        if self.is_codist:
-            return CodistFamily(
-                in_channels=self.image_channels, num_classes=self.num_labels, image_size=self.image_size
-            )
-        if self.is_architectures:
-            return ArchitectureFamily(
-                width=self.arch_width, in_channels=self.image_channels, num_classes=self.num_labels
-            )
-        if self.is_cnn:
-            return CNNFamily(
-                name=self.model,
-                base=parse_widths(self.cnn_widths),
-                in_channels=self.image_channels,
-                num_classes=self.num_labels,
-            )
-        return TransformerFamily(self.transformer_spec(), max_seq_len=self.max_seq_len)
+        return self.experiment.family
 
     def transformer_spec(self) -> TransformerSpec:
-        """Model family settings."""
-        return TransformerSpec(
-            source=self.model,
-            num_labels=self.num_labels,
-            freeze_word_embeddings=self.freeze_word_embeddings,
-            pooling=self.pooling,
-        )
+        """The transformer family's settings."""
+        return self.experiment.transformer_spec
 
     def data_spec(self) -> DataSpec:
         """Data settings."""
-        return DataSpec(
-            dataset=self.dataset,
-            kind="image" if self.image_data else "text",
-            text_column=self.text_column,
-            image_column=self.image_column,
-            label_column=self.label_column,
-            partitioner=self.partitioner,
-            dirichlet_alpha=self.dirichlet_alpha,
-            client_test_fraction=self.client_test_fraction,
-            server_test_size=self.server_test_size,
-            eval_split=self.eval_split,
-            validation_fraction=self.validation_fraction,
-            server_labeled_size=self.pfedknow_labeled_size if self.method in PFEDKNOW_METHODS else 0,
-            seed=self.seed,
-        )
+        return self.experiment.data
 
     def train_settings(self) -> TrainSettings:
         """Local-training settings."""
-        return TrainSettings(
-            optimizer=self.optimizer,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            local_steps=self.local_steps,
-            local_epochs=self.local_epochs,
-        )
+        return self.experiment.train
 
     @property
     def clip_bounds(self) -> dict[str, float]:
@@ -1003,82 +961,18 @@ class RunConfig(BaseModel):
 
     @property
     def width_rates(self) -> list[float]:
-        """Width rate per tier: explicit, or "auto".
+        """Width rate per tier: explicit, or "auto" (:attr:`experiment.resolve.Experiment.width_rates`)."""
+        return self.experiment.width_rates
 
-        "auto" matches the transformer's depth variants' parameter counts, and for a CNN halves
-        the rate per tier below the strongest (HeteroFL's levels: ..., 0.25, 0.5, 1).
-        """
-        if self.tier_widths == "auto" and self.is_cnn:
-            n = len(self.tier_names)
-            return [0.5 ** (n - 1 - i) for i in range(n)]
-        if self.tier_widths == "auto":
-            return matched_width_rates(self.transformer_spec(), [d for _, d in self.tier_depths])
-        return [float(x) for x in split_list(self.tier_widths, "tier-widths")]
-
-    @cached_property
+    @property
     def catalog(self) -> VariantCatalog:
-        """Every tier's variant: pools, architectures, width variants (HeteroFL/FedRolex, CNNs) or depth variants."""
-        if self.is_codist:
-            return codist_catalog(
-                [(t, t) for t in self.tier_names],
-                in_channels=self.image_channels,
-                num_classes=self.num_labels,
-                image_size=self.image_size,
-                batch_size=self.batch_size,
-                optimizer=self.optimizer,
-            )
-        if self.is_architectures:
-            return architecture_catalog(
-                self.tier_names,
-                width=self.arch_width,
-                in_channels=self.image_channels,
-                num_classes=self.num_labels,
-                image_size=self.image_size,
-                batch_size=self.batch_size,
-                optimizer=self.optimizer,
-            )
-        if self.is_cnn:
-            try:
-                return cnn.width_catalog(
-                    self.model,
-                    list(zip(self.tier_names, self.width_rates, strict=True)),
-                    in_channels=self.image_channels,
-                    num_classes=self.num_labels,
-                    image_size=self.image_size,
-                    batch_size=self.batch_size,
-                    base=parse_widths(self.cnn_widths),
-                    optimizer=self.optimizer,
-                )
-            except ValueError as exc:
-                raise ConfigError(f"run config 'tier-widths': {exc}") from None
-        if self.entry.width_tiers:
-            try:
-                return width_catalog(
-                    self.transformer_spec(),
-                    list(zip(self.tier_names, self.width_rates, strict=True)),
-                    batch_size=self.batch_size,
-                    seq_len=self.max_seq_len,
-                    optimizer=self.optimizer,
-                )
-            except ValueError as exc:
-                raise ConfigError(f"run config 'tier-widths': {exc}") from None
-        return depth_catalog(
-            self.transformer_spec(),
-            self.tier_depths,
-            batch_size=self.batch_size,
-            seq_len=self.max_seq_len,
-            optimizer=self.optimizer,
-        )
+        """Every tier's variant (:attr:`experiment.resolve.Experiment.catalog`)."""
+        return self.experiment.catalog
 
-    @cached_property
+    @property
     def training_catalog(self) -> VariantCatalog:
         """Variants the method trains: one for AllLarge/ExclusiveFL/AllSmall, else all."""
-        full = self.catalog
-        if self.entry.trains == "largest":
-            return VariantCatalog(full.family, (full.largest,))
-        if self.entry.trains == "smallest":
-            return VariantCatalog(full.family, (full.smallest,))
-        return full
+        return self.experiment.training_catalog
 
 
 def _declared_methods() -> dict[str, tuple[str, ...]]:
