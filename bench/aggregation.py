@@ -143,7 +143,8 @@ class Round:
 
 def _arrays(msg: Message) -> ArrayRecord:
     rec = msg.content["arrays"]
-    assert isinstance(rec, ArrayRecord)
+    if not isinstance(rec, ArrayRecord):
+        raise TypeError(f"the message's 'arrays' is a {type(rec).__name__}, not an ArrayRecord")
     return rec
 
 

@@ -55,7 +55,8 @@ def run(path: str, method: str, num_clients: int = 10, overrides: dict[str, Any]
     shapes = {p.name: tuple(p.shape) for p in variant.layout}
     spec = cfg.data_spec()
     s = build_strategy(cfg)
-    assert isinstance(s, PFedKnow), f"{method!r} is not a pFedKnow method"
+    if not isinstance(s, PFedKnow):
+        raise SystemExit(f"{method!r} is not a pFedKnow method")
     torch.manual_seed(cfg.seed)
     init = family.initial_states(cfg.catalog, seed=cfg.seed)
     s.set_state({variant.name: init[variant.name]})

@@ -108,7 +108,8 @@ def child(clients: int, per_round: int, rounds: int, model: str) -> dict[str, An
                 for i, m in enumerate(msgs)
             )
             new, _ = strategy.aggregate_train(r, replies)
-            assert new is not None and not strategy.report(r).rejected
+            if new is None or strategy.report(r).rejected:
+                raise RuntimeError(f"round {r}: the benchmark's replies were rejected: {strategy.report(r).rejected}")
             arrays = new
             times.append(time.perf_counter() - start)
             sampled.append(len(msgs))

@@ -331,9 +331,11 @@ class WarmExecutor:
                 self._start_zygote()
             if self._zygote_ready():
                 try:
-                    assert self._zygote is not None and self._zygote.stdin is not None
-                    self._zygote.stdin.write(line)
-                    self._zygote.stdin.flush()
+                    stdin = self._zygote.stdin if self._zygote is not None else None
+                    if stdin is None:
+                        raise OSError("the zygote has no open stdin")
+                    stdin.write(line)
+                    stdin.flush()
                     return LaunchResult.accepted()
                 except OSError as exc:
                     log(WARNING, "[client.warm] zygote unreachable (%r)", exc)

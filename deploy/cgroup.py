@@ -64,12 +64,15 @@ class MemoryCgroup:
 
     def enter(self) -> None:
         """Move the calling process into the cgroup (for ``subprocess.Popen(preexec_fn=...)``)."""
-        assert self.path is not None
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        (self._folder() / "cgroup.procs").write_text(str(os.getpid()))
+
+    def _folder(self) -> Path:
+        if self.path is None:
+            raise CgroupError("the cgroup was not created yet (use it as a context manager or call create())")
+        return self.path
 
     def _read(self, name: str) -> str:
-        assert self.path is not None
-        return (self.path / name).read_text()
+        return (self._folder() / name).read_text()
 
     def pids(self) -> list[int]:
         """Processes in the cgroup now."""

@@ -277,7 +277,8 @@ def run_simulation(
             log_file = log_path.open("w")
         try:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            assert proc.stdout is not None
+            if proc.stdout is None:  # stdout=PIPE always gives one
+                raise RuntimeError("flwr run started without an output pipe")
             start = time.time()
             for line in proc.stdout:
                 lines.append(line)

@@ -980,8 +980,9 @@ def _declared_methods() -> dict[str, tuple[str, ...]]:
     out = {}
     for name, info in RunConfig.model_fields.items():
         extra = info.json_schema_extra
-        if isinstance(extra, dict) and isinstance(extra.get(METHODS_EXTRA), list):
-            out[info.alias or _kebab(name)] = tuple(str(m) for m in extra[METHODS_EXTRA])  # type: ignore[union-attr]
+        methods = extra.get(METHODS_EXTRA) if isinstance(extra, dict) else None
+        if isinstance(methods, list):
+            out[info.alias or _kebab(name)] = tuple(str(m) for m in methods)
     return out
 
 

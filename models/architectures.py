@@ -224,7 +224,8 @@ class VGG(LayeredNet):
         out: list[ArchLayer] = []
         ops: tuple[str, ...] = ()
         for i, (block, pool) in enumerate(zip(self.features, self.pool_after, strict=True)):
-            assert isinstance(block, ConvBN)
+            if not isinstance(block, ConvBN):
+                raise ArchitectureError(f"features.{i} is a {type(block).__name__}, not a ConvBN block")
             out.append(_layer(f"features.{i}", block, block.kind, ops))
             ops = ("relu", "maxpool2") if pool else ("relu",)
         out.append(_layer(CLASSIFIER, self.classifier, CLASSIFIER, (*ops, "avgpool", "flatten")))

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
+from models.catalog import CatalogError, Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
 from models.training import model_device
 
 Groups = tuple[str | None, ...]
@@ -350,7 +350,8 @@ def conv_width_rules(model: ConvNet) -> AxisGroups:
         axes.update(_conv_axes(f"blocks.{i}.conv", block.conv, group, prev))
         axes.update(_norm_axes(f"blocks.{i}.norm", block.norm, group))
         prev = group
-    assert prev is not None
+    if prev is None:
+        raise CatalogError(f"{type(model).__name__} has no conv blocks to cut by width")
     axes.update(_linear_axes("classifier", model.classifier, prev))
     return axes
 

@@ -40,6 +40,7 @@ import torch
 from datasets import Dataset, DatasetDict, disable_progress_bars, load_dataset
 from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
 from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
 from transformers import PreTrainedTokenizerBase
 
 from models.images import ImageDataError, fashion_mnist_splits
@@ -504,7 +505,20 @@ def text_loader(
         items.sort(key=lambda it: len(it["input_ids"]))
     collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] = _Collator(tokenizer.pad_token_id or 0)
     gen = torch.Generator().manual_seed(seed)
-    return DataLoader(items, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=gen)  # type: ignore[arg-type]
+    return DataLoader(_Items(items), batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=gen)
+
+
+class _Items(TorchDataset[dict[str, Any]]):
+    """A list of tokenized examples as a map-style dataset (the order and indices of the list)."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.items[index]
 
 
 class _Collator:

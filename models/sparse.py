@@ -119,7 +119,8 @@ def encode_payload(params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) ->
             out[f"{name}{SEP}dense"] = enc.values
         else:
             out[f"{name}{SEP}values"] = enc.values
-            assert enc.code is not None
+            if enc.code is None:
+                raise SparsePayloadError(f"tensor {name!r}: {enc.encoding!r} encoding without its index code")
             out[f"{name}{SEP}{enc.encoding}"] = enc.code
     return out
 

@@ -302,7 +302,10 @@ def latest_checkpoint(folder: Path, expected: Fingerprint) -> Checkpoint | None:
 
 def capture_rng(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
     """States of Python's ``random``, NumPy's global RNG, torch's CPU RNG and named ``generators``."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    state = np.random.get_state(legacy=True)
+    if not isinstance(state, tuple):  # legacy=True always gives the 5-tuple; a dict means another bit generator
+        raise CheckpointError(f"NumPy's global RNG state is not the legacy MT19937 tuple: {type(state).__name__}")
+    name, keys, pos, has_gauss, cached = state
     return {
         "python": random.getstate(),
         "numpy": (

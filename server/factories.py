@@ -26,7 +26,7 @@ from models.images import image_tensors, mixed_domains
 from models.transformer import build_model, full_config, load_tokenizer, resolve_source
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
-from strategies.codistill import Batch, CoDistillation, DistillConfig
+from strategies.codistill import Batch, CoDistillation, DistillConfig, parse_mode
 from strategies.fedadam import FedAdamConfig
 from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL, WidthRules
@@ -105,7 +105,7 @@ def flexifed(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> H
         raise ConfigError(f"run config 'model': {entry.name!r} needs an architecture family or a transformer")
     return FlexiFed(
         signatures=family.layers(cfg.catalog),
-        mode=entry.mode,  # type: ignore[arg-type]
+        mode=entry.mode,
         uniform=cfg.flexifed_uniform,
         share_classifier=cfg.flexifed_share_classifier,
         **common,
@@ -119,7 +119,7 @@ def codistillation(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]
         num_rounds=cfg.num_server_rounds,
         build_model=lambda pool: family.build(cfg.catalog.get(pool)),
         distill_data=distillation_inputs(cfg),
-        mode=entry.mode,  # type: ignore[arg-type]
+        mode=parse_mode(entry.mode),
         alpha=cfg.codist_alpha,
         period=cfg.codist_period,
         adam=fedadam_per_tier(cfg),

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import numpy as np
 import torch
@@ -322,6 +322,26 @@ class _Accepted:
     num_examples: int
     metrics: MetricRecord
     nbytes: int
+
+
+class StrategyOptions(TypedDict, total=False):
+    """The options of :class:`HeterogeneousStrategy` a method's strategy passes on unchanged.
+
+    A method's ``__init__`` takes its own parameters and ``**options: Unpack[StrategyOptions]``
+    (typed keyword options, not an untyped catch-all); each key is the base parameter of the same name.
+    """
+
+    fraction_train: float
+    fraction_evaluate: float
+    min_train_nodes: int
+    min_evaluate_nodes: int
+    min_available_nodes: int
+    assign: str
+    max_examples: int
+    query_timeout: float
+    seed: int
+    clip_update_norm: Mapping[str, float] | None
+    robust_aggregation: str
 
 
 class HeterogeneousStrategy(Strategy):

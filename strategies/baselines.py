@@ -8,11 +8,12 @@ over a one-variant catalog (so FedAdam on that variant; see ``server/app.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from torch import Tensor
 
-from strategies.base import HeterogeneousStrategy, Sent
+from models.catalog import VariantCatalog
+from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
 from strategies.streaming import StreamingMean
 
 
@@ -25,8 +26,8 @@ class PerNodeModels(HeterogeneousStrategy):
     checkpoints, follow a node to a new id after a restart, and are evaluated one by one.
     """
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, catalog: VariantCatalog, **options: Unpack[StrategyOptions]) -> None:
+        super().__init__(catalog=catalog, **options)
         self.node_states: dict[int, dict[str, Tensor]] = {}
         self.node_variant: dict[int, str] = {}
 

@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
 import torch
 import torch.nn.functional as F
@@ -65,13 +65,14 @@ from torch import Tensor, nn
 from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.catalog import VariantCatalog
 from models.training import batch_to, model_device
-from strategies.base import HeterogeneousStrategy
+from strategies.base import HeterogeneousStrategy, StrategyOptions
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 
 Params = dict[str, Tensor]
 Mode = Literal["periodic", "merged", "fedavg"]
 Membership = Literal["instead", "also"]
 MODES: tuple[str, ...] = ("periodic", "merged", "fedavg")
+_MODE_OF: dict[str, Mode] = {"periodic": "periodic", "merged": "merged", "fedavg": "fedavg"}
 MEMBERSHIPS: tuple[str, ...] = ("instead", "also")
 _T = TypeVar("_T")
 
@@ -82,6 +83,14 @@ CODIST_FEDADAM = FedAdamConfig(eta=1e-2, beta_1=0.9, beta_2=0.999, tau=1e-5)
 
 class CodistConfigError(ValueError):
     """Inconsistent co-distillation settings (raised before round 1)."""
+
+
+def parse_mode(value: str) -> Mode:
+    """``value`` as a co-distillation mode (``periodic``, ``merged``, ``fedavg``); else :class:`CodistConfigError`."""
+    try:
+        return _MODE_OF[value]
+    except KeyError:
+        raise CodistConfigError(f"mode must be one of {MODES}, got {value!r}") from None
 
 
 class DistillationError(RuntimeError):
@@ -413,8 +422,8 @@ class CoDistillation(HeterogeneousStrategy):
         Where distillation runs.
     seed : int
         Seed of node sampling and of distillation batches.
-    **kwargs
-        Passed to :class:`~strategies.base.HeterogeneousStrategy`.
+    **options
+        :class:`~strategies.base.StrategyOptions`, passed to :class:`~strategies.base.HeterogeneousStrategy`.
 
     """
 
@@ -433,8 +442,7 @@ class CoDistillation(HeterogeneousStrategy):
         server_lr_decay: bool = True,
         membership: Membership = "instead",
         device: str | torch.device = "cpu",
-        seed: int = 0,
-        **kwargs: object,
+        **options: Unpack[StrategyOptions],
     ) -> None:
         if mode not in MODES:
             raise CodistConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -451,7 +459,8 @@ class CoDistillation(HeterogeneousStrategy):
                 raise CodistConfigError(f"co-distillation ({mode}) needs at least two pools, got {catalog.names()}")
             if build_model is None or distill_data is None:
                 raise CodistConfigError(f"mode {mode!r} needs build_model and distill_data")
-        super().__init__(catalog=catalog, seed=seed, **kwargs)  # type: ignore[arg-type]
+        super().__init__(catalog=catalog, **options)
+        seed = options.get("seed", 0)
         self.pools = catalog.names()
         self.num_rounds = num_rounds
         self.build_model = build_model

@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import Literal, TypeVar, get_args
+from typing import Literal, TypeVar, Unpack, get_args
 
 import torch
 from flwr.common import log
@@ -66,7 +66,7 @@ from torch import Tensor
 
 from models.architectures import ArchLayer, LayerSignature
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent
+from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
 from strategies.baselines import PerNodeModels
 from strategies.streaming import StreamingMean
 
@@ -494,8 +494,8 @@ class FlexiFed(PerNodeModels):
         Weight every client 1 (the paper) instead of by its example count.
     share_classifier : bool
         Share classifier layers across architectures with equal classifier signatures.
-    **kwargs
-        Passed to :class:`~strategies.base.HeterogeneousStrategy`.
+    **options
+        :class:`~strategies.base.StrategyOptions`, passed to :class:`~strategies.base.HeterogeneousStrategy`.
 
     """
 
@@ -510,11 +510,11 @@ class FlexiFed(PerNodeModels):
         mode: str = "max",
         uniform: bool = False,
         share_classifier: bool = False,
-        **kwargs: object,
+        **options: Unpack[StrategyOptions],
     ) -> None:
         _check_mode(mode)
         check_layers(catalog, signatures)
-        super().__init__(catalog=catalog, **kwargs)  # type: ignore[arg-type]
+        super().__init__(catalog=catalog, **options)
         self.mode = mode
         self.uniform = uniform
         self.share_classifier = share_classifier

@@ -42,13 +42,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import Tensor
 
 from models.catalog import Variant, VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent
+from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.streaming import StreamingMean
 from strategies.validation import non_finite_reason
@@ -491,8 +491,8 @@ class HeteroFL(HeterogeneousStrategy):
     server_optimizer : {"average", "fedadam"}
     adam : FedAdamConfig, optional
         FedAdam hyper-parameters when ``server_optimizer="fedadam"``.
-    **kwargs
-        Passed to :class:`~strategies.base.HeterogeneousStrategy`.
+    **options
+        :class:`~strategies.base.StrategyOptions`, passed to :class:`~strategies.base.HeterogeneousStrategy`.
 
     """
 
@@ -508,7 +508,7 @@ class HeteroFL(HeterogeneousStrategy):
         weighting: str = "examples",
         server_optimizer: str = "average",
         adam: FedAdamConfig | None = None,
-        **kwargs: object,
+        **options: Unpack[StrategyOptions],
     ) -> None:
         if weighting not in ("examples", "uniform"):
             raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
@@ -517,7 +517,7 @@ class HeteroFL(HeterogeneousStrategy):
         self.full = full or catalog.largest
         if float(self.full.extra.get("rate", 0.0)) != 1.0:
             raise ValueError("the full HeteroFL variant must have rate 1.0")
-        super().__init__(catalog=catalog, **kwargs)  # type: ignore[arg-type]
+        super().__init__(catalog=catalog, **options)
         self.rules = rules
         self.rolling = rolling
         self.weighting = weighting

@@ -35,14 +35,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from logging import INFO
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from flwr.common import log
 from torch import Tensor
 
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy
+from strategies.base import HeterogeneousStrategy, StrategyOptions
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 
 _LAYER = re.compile(r"^(.*\.layer\.)(\d+)\.(.+)$")
@@ -298,8 +298,8 @@ class InclusiveFL(HeterogeneousStrategy):
     server_adam : {"per-tier", "shared"}
         ``"per-tier"``: the paper's FedAdam per tier, then layer-wise averaging;
         ``"shared"``: the diagnosis variant :func:`shared_adam_round`.
-    **kwargs
-        Passed to :class:`~strategies.base.HeterogeneousStrategy`.
+    **options
+        :class:`~strategies.base.StrategyOptions`, passed to :class:`~strategies.base.HeterogeneousStrategy`.
 
     """
 
@@ -310,13 +310,13 @@ class InclusiveFL(HeterogeneousStrategy):
         beta: float = 0.2,
         adam: FedAdamConfig | None = None,
         server_adam: str = "per-tier",
-        **kwargs: object,
+        **options: Unpack[StrategyOptions],
     ) -> None:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         if server_adam not in SERVER_ADAM_MODES:
             raise ValueError(f"server_adam must be one of {SERVER_ADAM_MODES}, got {server_adam!r}")
-        super().__init__(catalog=catalog, **kwargs)  # type: ignore[arg-type]
+        super().__init__(catalog=catalog, **options)
         self.beta = beta
         self.adam_cfg = adam or FedAdamConfig()
         self.server_adam = server_adam

@@ -67,7 +67,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -93,7 +93,15 @@ from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.catalog import VariantCatalog
 from models.pruning import PRUNING, UNCERTAINTY, apply_masks, kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
-from strategies.base import HeterogeneousStrategy, Sent, StrategyStateError, compose, record_nbytes, to_record
+from strategies.base import (
+    HeterogeneousStrategy,
+    Sent,
+    StrategyOptions,
+    StrategyStateError,
+    compose,
+    record_nbytes,
+    to_record,
+)
 from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
 from strategies.validation import (
     ReplyRejected,
@@ -464,8 +472,8 @@ class PFedKnow(HeterogeneousStrategy):
         Pruning schedule, uncertainty threshold, distillation and initialization settings.
     seed : int
         Seed of sampling and of the server's labeled batches.
-    **kwargs
-        Passed to :class:`~strategies.base.HeterogeneousStrategy`.
+    **options
+        :class:`~strategies.base.StrategyOptions`, passed to :class:`~strategies.base.HeterogeneousStrategy`.
 
     """
 
@@ -480,8 +488,7 @@ class PFedKnow(HeterogeneousStrategy):
         build_teacher: Callable[[], nn.Module],
         labeled: tuple[Batch, Tensor],
         settings: PFedKnowSettings | None = None,
-        seed: int = 0,
-        **kwargs: object,
+        **options: Unpack[StrategyOptions],
     ) -> None:
         if len(catalog) != 1:
             raise ValueError(f"pFedKnow trains one lightweight model, the catalog has {catalog.names()}")
@@ -490,7 +497,8 @@ class PFedKnow(HeterogeneousStrategy):
         n = batch_size_of(x)
         if n == 0 or n != y.shape[0]:
             raise ValueError(f"labeled set needs matching, non-empty inputs and labels, got {n}/{y.shape[0]}")
-        super().__init__(catalog=catalog, seed=seed, **kwargs)  # type: ignore[arg-type]
+        super().__init__(catalog=catalog, **options)
+        seed = options.get("seed", 0)
         self.variant = catalog.largest.name
         self.mode = mode
         self.build_model = build_model

@@ -70,3 +70,60 @@ def test_record_names_are_not_written_as_bare_strings(package: str) -> None:
             ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} [{node.slice.value!r}]")
     assert not found, "\n".join(found)
+
+
+#: The production packages: what a deployment runs and what its operator runs (``bench/`` is a
+#: developer's tool, outside the count).
+PRODUCTION = ("client", "server", "strategies", "models", "experiment", "deploy")
+
+#: ``type: ignore`` left on purpose (issue 20 allows fewer than 5), each with its reason.
+IGNORES_ALLOWED = {
+    "client/warm.py": "patches Flower's get_executor in the warm SuperExec (flwr has no hook for it)",
+    "models/transformer.py": "overrides Hugging Face's BertModel.forward and passes BertConfig keyword settings",
+}
+
+#: Files over the 700-line limit today, with the length they may not exceed; issue 20's later stages
+#: (settings groups, base slimming, pFedKnow on hooks) bring each under 700 and drop it from here.
+LONG_FILES = {
+    "strategies/base.py": 1020,
+    "strategies/pfedknow.py": 895,
+    "experiment/config.py": 995,
+    "deploy/launch.py": 810,
+    "deploy/experiments.py": 850,
+}
+
+
+def _production_files() -> Iterator[Path]:
+    for package in PRODUCTION:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def test_fewer_than_five_type_ignores_and_no_asserts_in_production_code() -> None:
+    """Runtime checks raise typed errors (an ``assert`` vanishes under ``python -O``); ignores are few and named."""
+    ignores, asserts, untyped = [], [], []
+    for path in _production_files():
+        rel = path.relative_to(ROOT).as_posix()
+        text = path.read_text()
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if "type: ignore" in line:
+                ignores.append(f"{rel}:{lineno}")
+            if "**kwargs: object" in line:
+                untyped.append(f"{rel}:{lineno}")
+        asserts += [f"{rel}:{n.lineno}" for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Assert)]
+    assert len(ignores) < 5, ignores
+    assert {i.split(":")[0] for i in ignores} <= set(IGNORES_ALLOWED), ignores
+    assert asserts == [], asserts
+    assert untyped == [], untyped
+
+
+def test_no_production_file_grows_past_its_limit() -> None:
+    """700 lines at most; the files still over it may not grow (:data:`LONG_FILES`)."""
+    over = {}
+    for path in _production_files():
+        rel = path.relative_to(ROOT).as_posix()
+        lines = len(path.read_text().splitlines())
+        if lines > LONG_FILES.get(rel, 700):
+            over[rel] = lines
+    assert not over, f"over the limit: {over}"
+    shrunk = [rel for rel, limit in LONG_FILES.items() if len((ROOT / rel).read_text().splitlines()) <= 700]
+    assert not shrunk, f"now at most 700 lines: drop {shrunk} from LONG_FILES"

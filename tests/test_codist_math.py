@@ -32,6 +32,7 @@ from strategies.codistill import (
     global_norm,
     linear_decay,
     merged_update,
+    parse_mode,
     sample_batches,
 )
 
@@ -268,3 +269,9 @@ def test_unlabeled_images_drop_labels() -> None:
     torch.testing.assert_close(x[0, 0, 0, 1], torch.tensor((1 / 255 - 0.5) / 0.5))
     sub = unlabeled_images(ds, n=3, seed=0)
     assert sub.shape == (3, 1, 4, 4) and all(any(torch.equal(s, r) for r in x) for s in sub)
+
+
+def test_a_registry_mode_parses_to_the_typed_mode_or_fails_naming_the_choices() -> None:
+    assert [parse_mode(m) for m in ("periodic", "merged", "fedavg")] == ["periodic", "merged", "fedavg"]
+    with pytest.raises(CodistConfigError, match=r"mode must be one of .*got 'merge'"):
+        parse_mode("merge")
