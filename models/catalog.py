@@ -15,11 +15,13 @@ tensors ``None``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import torch
+from torch import nn
 
 Role = Literal["shared", "isolated", "head"]
 
@@ -104,6 +106,33 @@ class Layout:
     def nbytes(self, *, trainable_only: bool = False) -> int:
         """Total byte size."""
         return sum(p.nbytes for p in self.params if p.trainable or not trainable_only)
+
+
+def _every_tensor_trains(name: str) -> bool:
+    return True
+
+
+def meta_layout(
+    build: Callable[[], nn.Module],
+    place: Callable[[str], tuple[int | None, Role]],
+    *,
+    parameters_only: bool = False,
+    trainable: Callable[[str], bool] = _every_tensor_trains,
+) -> Layout:
+    """The layout of the model ``build`` makes, built on the meta device (no memory, no initialization).
+
+    One float32 :class:`ParamSpec` per tensor of the model's ``state_dict`` in its order
+    (``parameters_only``: per parameter, buffers left out), placed by ``place(name) = (layer,
+    role)``, trainable where ``trainable(name)``.
+    """
+    with torch.device("meta"):
+        model = build()
+    tensors = model.named_parameters() if parameters_only else model.state_dict().items()
+    return Layout(
+        tuple(
+            ParamSpec(name, tuple(t.shape), "float32", *place(name), trainable=trainable(name)) for name, t in tensors
+        )
+    )
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.catalog import CatalogError, Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
+from models.catalog import CatalogError, Layout, MemoryEstimate, Role, Variant, VariantCatalog, meta_layout
 from models.training import model_device
 
 Groups = tuple[str | None, ...]
@@ -550,14 +550,14 @@ def width_layout(
     Every tensor is ``"shared"`` (aggregated by coverage across rates) except the classifier,
     ``"head"``; ``layer`` is :func:`block_index`.
     """
-    with torch.device("meta"):
-        model = build_cnn(model_name, rate, in_channels=in_channels, num_classes=num_classes, base=base)
-    params = []
-    for name, t in model.state_dict().items():
+
+    def place(name: str) -> tuple[int | None, Role]:
         layer = block_index(model_name, name)
-        role: Role = "head" if layer is None else "shared"
-        params.append(ParamSpec(name, tuple(t.shape), "float32", layer, role))
-    return Layout(tuple(params))
+        return layer, "head" if layer is None else "shared"
+
+    return meta_layout(
+        lambda: build_cnn(model_name, rate, in_channels=in_channels, num_classes=num_classes, base=base), place
+    )
 
 
 def conv_output_shapes(

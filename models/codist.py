@@ -43,9 +43,9 @@ from datasets import Dataset
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
-from models.family import seeded_states
-from models.images import MEAN, STD, ImageDataError, image_loader, image_tensors
+from models.catalog import Layout, MemoryEstimate, Role, Variant, VariantCatalog, meta_layout
+from models.family import ImageBatches, seeded_states
+from models.images import MEAN, STD, ImageDataError, image_tensors
 
 FAMILY = "codist-cnn"
 
@@ -172,14 +172,14 @@ def codist_layout(size: str | CodistSize, *, in_channels: int, num_classes: int,
     Roles: hidden layers ``"isolated"`` (layers 1-5: conv 1-3, dense 1-2), the output layer
     ``"head"`` (layer ``None``).  Pools share nothing.
     """
-    with torch.device("meta"):
-        model = build_codist_cnn(size, in_channels=in_channels, num_classes=num_classes, image_size=image_size)
-    params = []
-    for name, t in model.state_dict().items():
+
+    def place(name: str) -> tuple[int | None, Role]:
         layer = _LAYER_OF.get(name.split(".")[0])
-        role: Role = "head" if layer is None else "isolated"
-        params.append(ParamSpec(name, tuple(t.shape), "float32", layer, role))
-    return Layout(tuple(params))
+        return layer, "head" if layer is None else "isolated"
+
+    return meta_layout(
+        lambda: build_codist_cnn(size, in_channels=in_channels, num_classes=num_classes, image_size=image_size), place
+    )
 
 
 def estimate_memory(
@@ -284,7 +284,7 @@ def parse_size_label(label: str) -> CodistSize:
 
 
 @dataclass(frozen=True)
-class CodistFamily:
+class CodistFamily(ImageBatches):
     """The co-distillation CNNs as a :class:`models.family.ModelFamily` (one model per pool).
 
     Attributes
@@ -315,12 +315,6 @@ class CodistFamily:
     def width_rules(self, catalog: VariantCatalog) -> dict[str, tuple[str | None, ...]]:
         """Pools share no tensors: there are no width groups."""
         raise ValueError("co-distillation pools have no width variants")
-
-    def loader(
-        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
-    ) -> DataLoader:
-        """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
-        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
 
     @property
     def uses_statistics(self) -> bool:

@@ -144,8 +144,36 @@ class TransformerFamily:
         return out
 
 
+class ImageBatches:
+    """What every image family's data side is: ``{"x", "labels"}`` batches of normalized images."""
+
+    def loader(
+        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
+    ) -> DataLoader:
+        """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
+        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
+
+
+class StaticBatchNorm(ImageBatches):
+    """Image families with static batch norm (HeteroFL's sBN): evaluated on re-estimated statistics.
+
+    A family using it declares ``stats_batches``: the training batches that re-estimate the norms.
+    """
+
+    stats_batches: int
+
+    @property
+    def uses_statistics(self) -> bool:
+        """Yes: static batch norm (HeteroFL's sBN) re-estimates its statistics."""
+        return True
+
+    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
+        """HeteroFL's sBN: norms re-estimated on up to ``stats_batches`` training batches."""
+        return static_bn_evaluation(model, stats, self.stats_batches)
+
+
 @dataclass(frozen=True)
-class CNNFamily:
+class CNNFamily(StaticBatchNorm):
     """HeteroFL's CNNs (``"conv"``, ``"preresnet18"``) cut by width.
 
     Attributes
@@ -189,21 +217,6 @@ class CNNFamily:
             full = self.at_rate(1.0)
         return width_rules(self.name, full)
 
-    def loader(
-        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
-    ) -> DataLoader:
-        """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
-        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
-
-    @property
-    def uses_statistics(self) -> bool:
-        """Yes: static batch norm (HeteroFL's sBN) re-estimates its statistics."""
-        return True
-
-    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
-        """HeteroFL's sBN: norms re-estimated on up to ``stats_batches`` training batches."""
-        return static_bn_evaluation(model, stats, self.stats_batches)
-
 
 def static_bn_evaluation(model: nn.Module, stats: DataLoader | None, max_batches: int) -> nn.Module:
     """An sBN copy of ``model`` whose norms average the statistics of up to ``max_batches`` batches."""
@@ -214,7 +227,7 @@ def static_bn_evaluation(model: nn.Module, stats: DataLoader | None, max_batches
 
 
 @dataclass(frozen=True)
-class ArchitectureFamily:
+class ArchitectureFamily(StaticBatchNorm):
     """FlexiFed's architectures (VGG / ResNet) at one width multiplier; variant = architecture.
 
     Attributes
@@ -255,21 +268,6 @@ class ArchitectureFamily:
     def width_rules(self, catalog: VariantCatalog) -> AxisGroups:
         """Architectures are not cut by width."""
         raise ValueError("FlexiFed architectures have no width variants")
-
-    def loader(
-        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
-    ) -> DataLoader:
-        """``{"x", "labels"}`` batches of normalized images (in ``domain``, see :func:`models.images.shift_images`)."""
-        return image_loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
-
-    @property
-    def uses_statistics(self) -> bool:
-        """Yes: static batch norm, as :class:`CNNFamily`."""
-        return True
-
-    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
-        """SBN copy (static batch norm, as :class:`CNNFamily`)."""
-        return static_bn_evaluation(model, stats, self.stats_batches)
 
 
 def seeded_states(

@@ -33,7 +33,7 @@ from transformers import (
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import logging as hf_logging
 
-from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
+from models.catalog import Layout, MemoryEstimate, Role, Variant, VariantCatalog, meta_layout
 
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
@@ -362,21 +362,19 @@ def depth_layout(spec: TransformerSpec, depth: int) -> Layout:
 def config_layout(spec: TransformerSpec, cfg: BertConfig) -> Layout:
     """Parameter layout of the model ``cfg`` describes; roles relative to its depth."""
     depth = cfg.num_hidden_layers
-    with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(cfg)
-    params = []
-    for name, p in model.named_parameters():
+
+    def place(name: str) -> tuple[int | None, Role]:
         layer = layer_of(name)
-        role: Role
         if layer is None:
-            role = "head"
-        elif layer == depth:
-            role = "isolated"
-        else:
-            role = "shared"
-        trainable = not (spec.freeze_word_embeddings and name == WORD_EMBEDDINGS)
-        params.append(ParamSpec(name, tuple(p.shape), "float32", layer, role, trainable=trainable))
-    return Layout(tuple(params))
+            return None, "head"
+        return layer, "isolated" if layer == depth else "shared"
+
+    return meta_layout(
+        lambda: AutoModelForSequenceClassification.from_config(cfg),
+        place,
+        parameters_only=True,
+        trainable=lambda name: not (spec.freeze_word_embeddings and name == WORD_EMBEDDINGS),
+    )
 
 
 def estimate_memory(
