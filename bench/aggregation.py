@@ -56,7 +56,6 @@ from experiment import registry
 from experiment.config import RunConfig
 from server.app import build_strategy
 from strategies.base import HeterogeneousStrategy, NodeProfile, Sent
-from strategies.heterofl import HeteroFL
 from strategies.validation import _header_bytes, _npy_header
 
 _MB = 1024 * 1024
@@ -171,12 +170,8 @@ def build_round(
     set_task_identity()
     cfg = run_config(model, method)
     strategy = build_strategy(cfg)
-    init = cfg.family().initial_states(cfg.catalog, seed=seed)
-    if isinstance(strategy, HeteroFL):
-        initial = {HeteroFL.GLOBAL: init[cfg.catalog.largest.name]}
-    else:
-        initial = {v.name: init[v.name] for v in cfg.training_catalog}
-    strategy.set_state({k: dict(v) for k, v in initial.items()})
+    initial = strategy.initial_state(cfg.family().initial_states(cfg.catalog, seed=seed))
+    strategy.set_state(initial)
     names = strategy.catalog.names()
     largest = strategy.catalog.largest.name
     rng = np.random.default_rng(seed)

@@ -31,7 +31,6 @@ from bench.aggregation import MODELS, run_config
 from bench.common import write_report
 from server.app import build_strategy
 from strategies.base import HeterogeneousStrategy, record_nbytes, to_record
-from strategies.heterofl import HeteroFL
 
 _MB = 1024 * 1024
 #: method lists per model of :data:`bench.aggregation.MODELS` (plus the CNN of HeteroFL).
@@ -68,11 +67,7 @@ def _strategy(model: str, method: str) -> HeterogeneousStrategy:
     """The run's strategy with its initial state, at round 1."""
     cfg = run_config(model, method) if model in MODELS else _config(model, method)
     strategy = build_strategy(cfg)
-    init = cfg.family().initial_states(cfg.catalog, seed=0)
-    if isinstance(strategy, HeteroFL):
-        strategy.set_state({HeteroFL.GLOBAL: init[cfg.catalog.largest.name]})
-    else:
-        strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
+    strategy.set_state(strategy.initial_state(cfg.family().initial_states(cfg.catalog, seed=0)))
     strategy.current_round = 1
     return strategy
 

@@ -79,8 +79,7 @@ def child(clients: int, per_round: int, rounds: int, model: str) -> dict[str, An
         update={"fraction_train": per_round / clients, "min_train_nodes": per_round}
     )
     strategy = build_strategy(cfg)
-    init = cfg.family().initial_states(cfg.catalog, seed=0)
-    arrays = strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
+    arrays = strategy.set_state(strategy.initial_state(cfg.family().initial_states(cfg.catalog, seed=0)))
     variant = strategy.catalog.largest.name
     pool = _payload_pool(strategy, [variant], 2, 0)[variant]
     grid = FakeGrid(clients, variant)

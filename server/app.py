@@ -48,7 +48,6 @@ from server.checkpoint import (
 from server.factories import strategy_options
 from server.results import ResultsWriter, majority_rate
 from strategies.base import HeterogeneousStrategy
-from strategies.heterofl import HeteroFL
 
 app = ServerApp()
 
@@ -230,11 +229,7 @@ def main(grid: Grid, context: Context) -> None:
     check_data(cfg, cfg.data_spec())
     strategy = build_strategy(cfg)
     torch.manual_seed(cfg.seed)
-    init = cfg.family().initial_states(cfg.catalog, seed=cfg.seed)
-    if isinstance(strategy, HeteroFL):  # one full model; tiers are cut from it each round
-        arrays = strategy.set_state({HeteroFL.GLOBAL: init[cfg.catalog.largest.name]})
-    else:
-        arrays = strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
+    arrays = strategy.set_state(strategy.initial_state(cfg.family().initial_states(cfg.catalog, seed=cfg.seed)))
     evaluator = CentralEvaluator(cfg)
     folder = results_folder(cfg)
     ckpt_dir = checkpoint_folder(cfg, folder)

@@ -76,6 +76,7 @@ from experiment.protocol import (
     scalar_metrics,
 )
 from models.catalog import VariantCatalog
+from strategies.grid import PromptGrid
 from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
 from strategies.validation import (
@@ -88,56 +89,6 @@ from strategies.validation import (
 
 SEP = "/"
 State = dict[str, dict[str, Tensor]]
-
-
-class PromptGrid(Grid):
-    """A ``Grid`` whose ``send_and_receive`` polls for replies every ``poll_interval`` seconds.
-
-    Flower 1.39's deployment grid (``HttpGrid.send_and_receive``) sleeps 3 s between pulls,
-    so each message round trip waits 1.5 s on average after its last reply arrived.  Every
-    other call goes to the wrapped grid unchanged; the semantics are Flower's (replies that
-    arrive after ``timeout`` are not collected, ``timeout=None`` waits for all).
-    """
-
-    def __init__(self, grid: Grid, poll_interval: float = 0.2) -> None:
-        self.grid = grid
-        self.poll_interval = poll_interval
-
-    def set_run(self, run: Any) -> None:  # noqa: D102
-        self.grid.set_run(run)
-
-    @property
-    def run(self) -> Any:  # noqa: D102
-        return self.grid.run
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # noqa: D102
-        return self.grid.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return self.grid.get_node_ids()
-
-    def get_nodes(self) -> Iterable[Any]:  # noqa: D102
-        return self.grid.get_nodes()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        return self.grid.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """Push ``messages``; pull their replies every ``poll_interval`` s until all came or ``timeout``."""
-        pending = set(self.grid.push_messages(messages))
-        end = time.time() + (timeout if timeout is not None else 0.0)
-        replies: list[Message] = []
-        while pending:
-            got = list(self.grid.pull_messages(pending))
-            replies += got
-            pending -= {m.metadata.reply_to_message_id for m in got}
-            if not pending or (timeout is not None and time.time() >= end):
-                break
-            time.sleep(self.poll_interval)
-        return replies
 
 
 class ArrayCache:
@@ -507,6 +458,15 @@ class HeterogeneousStrategy(Strategy):
         """Move per-node state of ``old_id`` (before a restart) to ``new_id`` (override)."""
 
     # ------------------------------------------------------------------ state
+    def initial_state(self, init: Mapping[str, Mapping[str, Tensor]]) -> State:
+        """The server's state before round 1, from the family's initial models of the whole catalog.
+
+        Runs once, before :meth:`set_state` (the ServerApp's start, the benchmarks); ``init`` maps
+        each catalog variant to its initial model (``ModelFamily.initial_states``). The default
+        keeps one model per variant the strategy trains; HeteroFL keeps one full model instead.
+        """
+        return {v.name: dict(init[v.name]) for v in self.catalog}
+
     def set_state(self, state: State) -> ArrayRecord:
         """Replace the server state; return the composite record Flower sees."""
         self.check_state(state)

@@ -66,7 +66,7 @@ from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.catalog import VariantCatalog
 from models.training import batch_to, model_device
 from strategies.base import HeterogeneousStrategy, StrategyOptions
-from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
+from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
 
 Params = dict[str, Tensor]
 Mode = Literal["periodic", "merged", "fedavg"]
@@ -597,14 +597,11 @@ class CoDistillation(HeterogeneousStrategy):
         Distillation keeps no state between rounds (fresh Adam per distillation, batches seeded
         by the round), so a resumed run continues exactly.
         """
-        return {"adam": {p: st.to_dict() for p, st in self.adam.items()}}
+        return {"adam": group_states_to_dict(self.adam)}
 
     def load_method_state(self, data: Mapping[str, Any]) -> None:
         """Restore :meth:`method_state` (one FedAdam state per pool required)."""
-        adam = data.get("adam")
-        if not isinstance(adam, dict) or set(adam) != set(self.pools):
-            raise ValueError(f"checkpoint's FedAdam states are for pools {sorted(adam or {})}, not {self.pools}")
-        self.adam = {p: FedAdamState.from_dict(st) for p, st in adam.items()}
+        self.adam = group_states_from_dict(data.get("adam"), self.pools, "pools")
 
     def summary(self) -> None:
         """Log the mode and its settings, then the base summary."""

@@ -19,7 +19,7 @@ group trains every round.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +63,19 @@ class FedAdamState:
         if set(m) != set(v) or not all(isinstance(t, Tensor) for t in (*m.values(), *v.values())):
             raise ValueError("FedAdam moments 'm' and 'v' must be tensors with the same names")
         return cls(m=dict(m), v=dict(v), step=step)
+
+
+def group_states_to_dict(states: Mapping[str, FedAdamState]) -> dict[str, dict[str, object]]:
+    """One FedAdam state per group (tier, pool) as checkpoint data: ``{group: state.to_dict()}``."""
+    return {group: st.to_dict() for group, st in states.items()}
+
+
+def group_states_from_dict(data: object, groups: Collection[str], what: str) -> dict[str, FedAdamState]:
+    """Inverse of :func:`group_states_to_dict` for exactly ``groups``; ``ValueError`` names the ``what`` that differ."""
+    if not isinstance(data, dict) or set(data) != set(groups):
+        found = sorted(data) if isinstance(data, dict) else []
+        raise ValueError(f"checkpoint's FedAdam states are for {what} {found}, not {sorted(groups)}")
+    return {group: FedAdamState.from_dict(st) for group, st in data.items()}
 
 
 def fedadam_step(

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from models.catalog import Variant, VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
+from strategies.base import HeterogeneousStrategy, Sent, State, StrategyOptions
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.streaming import StreamingMean
 from strategies.validation import non_finite_reason
@@ -497,6 +497,10 @@ class HeteroFL(HeterogeneousStrategy):
     """
 
     GLOBAL = "global"
+
+    def initial_state(self, init: Mapping[str, Mapping[str, Tensor]]) -> State:
+        """One full model (:data:`GLOBAL`), the full variant's initial model: tiers are cut from it each round."""
+        return {self.GLOBAL: dict(init[self.full.name])}
 
     def __init__(
         self,

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from models.catalog import VariantCatalog
 from strategies.base import HeterogeneousStrategy, StrategyOptions
-from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
+from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
 
 _LAYER = re.compile(r"^(.*\.layer\.)(\d+)\.(.+)$")
 
@@ -349,18 +349,16 @@ class InclusiveFL(HeterogeneousStrategy):
 
     def method_state(self) -> dict[str, Any]:
         """Per tier its FedAdam state and its last momentum ``m_t^j``."""
-        return {"adam": {v: st.to_dict() for v, st in self.adam.items()}, "momenta": dict(self.momenta)}
+        return {"adam": group_states_to_dict(self.adam), "momenta": dict(self.momenta)}
 
     def load_method_state(self, data: Mapping[str, Any]) -> None:
         """Restore :meth:`method_state` (one FedAdam state per catalog tier required)."""
-        adam = data.get("adam")
-        if not isinstance(adam, dict) or set(adam) != set(self.adam):
-            raise ValueError(f"checkpoint's FedAdam states are for tiers {sorted(adam or {})}, not {sorted(self.adam)}")
+        adam = group_states_from_dict(data.get("adam"), self.adam, "tiers")
         momenta = data.get("momenta", {})
         unknown = sorted(set(momenta) - set(self.adam))
         if unknown:
             raise ValueError(f"checkpoint has momenta of unknown tiers {unknown}")
-        self.adam = {v: FedAdamState.from_dict(st) for v, st in adam.items()}
+        self.adam = adam
         self.momenta = {v: dict(m) for v, m in momenta.items()}
 
 

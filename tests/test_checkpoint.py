@@ -360,3 +360,15 @@ def test_resume_config_needs_a_place_to_resume_from() -> None:
         RunConfig.from_flower({"resume": True, "run-name": "x", "checkpoint-keep": 0})
     cfg = RunConfig.from_flower({"resume": True, "checkpoint-dir": "~/ckpt"})
     assert checkpoint_folder(cfg, Path("/r")) == Path(os.path.expanduser("~/ckpt")).resolve()
+
+
+def test_group_fedadam_states_round_trip_and_name_the_groups_that_differ() -> None:
+    from strategies.fedadam import FedAdamState, group_states_from_dict, group_states_to_dict
+
+    states = {"weak": FedAdamState(m={"w": torch.ones(2)}, v={"w": torch.full((2,), 4.0)}, step=3)}
+    back = group_states_from_dict(group_states_to_dict(states), ["weak"], "tiers")
+    assert back["weak"].step == 3 and torch.equal(back["weak"].v["w"], torch.full((2,), 4.0))
+    with pytest.raises(ValueError, match=r"are for pools \['weak'\], not \['large', 'small'\]"):
+        group_states_from_dict(group_states_to_dict(states), ["small", "large"], "pools")
+    with pytest.raises(ValueError, match=r"are for tiers \[\], not \['weak'\]"):
+        group_states_from_dict(None, ["weak"], "tiers")

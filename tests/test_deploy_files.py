@@ -235,7 +235,7 @@ def test_own_cgroup_limit_is_found_below_the_mount_root(tmp_path: Path) -> None:
 def test_prompt_grid_polls_until_every_reply_or_the_timeout() -> None:
     from unittest.mock import MagicMock
 
-    from strategies.base import PromptGrid
+    from strategies.grid import PromptGrid
 
     inner = MagicMock()
     inner.push_messages.return_value = ["a", "b"]

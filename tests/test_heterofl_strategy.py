@@ -152,3 +152,20 @@ def test_minilm_width_variants_match_the_formula_and_the_depth_variants() -> Non
         width_count = config_layout(spec, width_config(spec, rate)).num_params()
         depth_count = depth_layout(spec, depth).num_params()
         assert abs(width_count - depth_count) <= 0.05 * depth_count, (depth, width_count, depth_count)
+
+
+def test_the_initial_state_is_one_full_model_for_heterofl_and_one_per_variant_otherwise() -> None:
+    """The hook the ServerApp and the benchmarks share (no isinstance special case in either)."""
+    cnn = {"model": "conv", "num-labels": 10, "cnn-widths": "8:16:32:64"}
+    for method in ("heterofl", "all-small"):  # all-small on a CNN: HeteroFL over the smallest width
+        cfg = RunConfig.from_flower({**cnn, "method": method})
+        init = cfg.family().initial_states(cfg.catalog, seed=0)
+        state = build_strategy(cfg).initial_state(init)
+        full = init[cfg.catalog.largest.name]
+        assert list(state) == [HeteroFL.GLOBAL] and all(state[HeteroFL.GLOBAL][k] is full[k] for k in full)
+    tiny = RunConfig.from_flower({"model": "tiny", "method": "inclusivefl"})
+    init = tiny.family().initial_states(tiny.catalog, seed=0)
+    assert list(build_strategy(tiny).initial_state(init)) == tiny.catalog.names()
+    small = RunConfig.from_flower({"model": "tiny", "method": "all-small"})
+    init = small.family().initial_states(small.catalog, seed=0)
+    assert list(build_strategy(small).initial_state(init)) == [small.catalog.smallest.name]
