@@ -30,7 +30,8 @@ from torch import Tensor
 from bench.aggregation import MODELS, run_config
 from bench.common import write_report
 from server.app import build_strategy
-from strategies.base import HeterogeneousStrategy, record_nbytes, to_record
+from strategies.base import HeterogeneousStrategy
+from strategies.records import record_nbytes, to_record
 
 _MB = 1024 * 1024
 #: method lists per model of :data:`bench.aggregation.MODELS` (plus the CNN of HeteroFL).

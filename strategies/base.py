@@ -41,16 +41,15 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import Any, ClassVar, TypedDict
 
-import numpy as np
 import torch
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -77,6 +76,7 @@ from experiment.protocol import (
 )
 from models.catalog import VariantCatalog
 from strategies.grid import PromptGrid
+from strategies.records import ArrayCache, State, compose, decompose, record_nbytes, to_record
 from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
 from strategies.validation import (
@@ -86,83 +86,6 @@ from strategies.validation import (
     validate_examples_claim,
     validate_train_reply,
 )
-
-SEP = "/"
-State = dict[str, dict[str, Tensor]]
-
-
-class ArrayCache:
-    """Serialized ``Array`` of each tensor, reused while the tensor is unchanged.
-
-    Serializing (``np.save``) is the server's largest fixed cost per round: the composite
-    record of every variant, frozen tensors included, and one payload record per sampled
-    node.  Most of those tensors did not change since they were last serialized (frozen
-    embeddings, tiers without replies, the same variant sent to many nodes), so an entry is
-    kept per tensor *object* and reused while it is the same object with the same version
-    counter (``Tensor._version``, which every in-place write bumps).  A tensor without a
-    version counter (an inference-mode tensor) is always serialized afresh.  The entry holds
-    a reference to its tensor, so an object id is never reused while cached.  Writes that
-    bypass the counter (``Tensor.data = ...``, writes through a NumPy view) are not seen;
-    the strategies make none to their state.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[Tensor, int, Array]] = {}
-
-    def array(self, t: Tensor) -> Array:
-        """The ``Array`` of ``t``: cached while ``t`` is unchanged, else serialized (and cached)."""
-        try:
-            version = t._version
-        except RuntimeError:  # inference tensors track no version: never cached
-            return Array(t.detach().cpu().numpy())
-        hit = self._entries.get(id(t))
-        if hit is not None and hit[0] is t and hit[1] == version:
-            return hit[2]
-        arr = Array(t.detach().cpu().numpy())
-        self._entries[id(t)] = (t, version, arr)
-        return arr
-
-    def retain(self, tensors: Iterable[Tensor]) -> None:
-        """Drop every entry but those of ``tensors`` (bounds the cache to the current state)."""
-        keep = {id(t) for t in tensors}
-        self._entries = {k: e for k, e in self._entries.items() if k in keep}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-def compose(state: Mapping[str, Mapping[str, Tensor]], cache: ArrayCache | None = None) -> ArrayRecord:
-    """Composite record ``{"<variant>/<param>": Array}`` of a per-variant state.
-
-    With ``cache``, unchanged tensors reuse their serialized ``Array`` (:class:`ArrayCache`).
-    """
-    rec = ArrayRecord()
-    for variant, params in state.items():
-        for name, t in params.items():
-            rec[f"{variant}{SEP}{name}"] = cache.array(t) if cache is not None else Array(t.detach().cpu().numpy())
-    return rec
-
-
-def decompose(record: ArrayRecord) -> State:
-    """Inverse of :func:`compose`."""
-    out: State = {}
-    for key, arr in record.items():
-        variant, _, name = key.partition(SEP)
-        out.setdefault(variant, {})[name] = torch.from_numpy(np.array(arr.numpy()))
-    return out
-
-
-def to_record(params: Mapping[str, Tensor], cache: ArrayCache | None = None) -> ArrayRecord:
-    """ArrayRecord of a flat ``{name: tensor}`` mapping, order preserved (``cache``: see :func:`compose`)."""
-    rec = ArrayRecord()
-    for name, t in params.items():
-        rec[name] = cache.array(t) if cache is not None else Array(t.detach().cpu().numpy())
-    return rec
-
-
-def record_nbytes(record: ArrayRecord) -> int:
-    """Serialized payload bytes of an ArrayRecord (what crosses the wire)."""
-    return sum(len(arr.data) for arr in record.values())
 
 
 class StrategyStateError(RuntimeError):
@@ -232,6 +155,19 @@ class NodeProfile:
         to the restarted node through this key when a run resumes.
         """
         return self.key or f"node-{self.node_id}"
+
+    @property
+    def sampling_order(self) -> tuple[int, tuple[tuple[int, int | str], ...], int]:
+        """Where the node stands when a round's sample is drawn: by its ``node-key``, else by its id.
+
+        Keys sort naturally (``partition-2`` before ``partition-10``); nodes without a key come
+        first, by id. Simulation gives nodes new random ids in every run: drawing from the nodes in
+        key order lets the same seed sample the same partitions in every run (paired comparisons).
+        """
+        if not self.key:
+            return (0, (), self.node_id)
+        parts = re.split(r"(\d+)", self.key)
+        return (1, tuple((0, int(t)) if t.isdigit() else (1, t) for t in parts), 0)
 
 
 @dataclass
@@ -617,7 +553,8 @@ class HeterogeneousStrategy(Strategy):
         if not nodes or fraction == 0.0:
             return []
         k = min(len(nodes), max(minimum, math.ceil(fraction * len(nodes))))
-        return sorted(self.rng.sample(nodes, k))
+        ordered = sorted(nodes, key=lambda n: self.profiles[n].sampling_order if n in self.profiles else (0, (), n))
+        return sorted(self.rng.sample(ordered, k))
 
     # ------------------------------------------------------------------ train
     def configure_train(

@@ -48,8 +48,9 @@ import torch
 from torch import Tensor
 
 from models.catalog import Variant, VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent, State, StrategyOptions
+from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
+from strategies.records import State
 from strategies.streaming import StreamingMean
 from strategies.validation import non_finite_reason
 

@@ -93,16 +93,9 @@ from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.catalog import VariantCatalog
 from models.pruning import PRUNING, UNCERTAINTY, apply_masks, kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
-from strategies.base import (
-    HeterogeneousStrategy,
-    Sent,
-    StrategyOptions,
-    StrategyStateError,
-    compose,
-    record_nbytes,
-    to_record,
-)
+from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions, StrategyStateError
 from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
+from strategies.records import compose, record_nbytes, to_record
 from strategies.validation import (
     ReplyRejected,
     validate_evaluate_reply,

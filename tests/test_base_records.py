@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from flwr.app import Array
 
-from strategies.base import ArrayCache, compose, decompose, to_record
 from strategies.inclusivefl import InclusiveFL
+from strategies.records import ArrayCache, compose, decompose, to_record
 from tests.toy import constant_state, reply, sent, toy_catalog, trained
 
 
@@ -71,3 +71,24 @@ def test_rounds_reserialize_only_what_changed() -> None:
     assert after["strong/classifier.weight"] is not before["strong/classifier.weight"]
     for key in after:  # the record is what serializing the new state gives
         assert after[key].data == Array(s.state[key.split("/")[0]][key.split("/", 1)[1]].numpy()).data
+
+
+def test_the_same_seed_samples_the_same_partitions_whatever_ids_the_nodes_got() -> None:
+    """Simulation gives nodes new random ids each run; sampling by node key pairs the runs of a seed."""
+    import random
+
+    from strategies.base import NodeProfile
+
+    def sampled_partitions(ids: list[int]) -> list[str]:
+        s = InclusiveFL(catalog=toy_catalog({"weak": 1, "strong": 2}), seed=7)
+        for pid, node in enumerate(ids):
+            s.profiles[node] = NodeProfile(node, "weak", 100.0, 10, True, "weak", "", key=f"partition-{pid}")
+        return sorted(s.profiles[n].key for n in s._sample(sorted(ids), 0.2, 1))
+
+    first = sampled_partitions(random.Random(1).sample(range(10**6), 30))
+    assert len(first) == 6
+    assert sampled_partitions(random.Random(2).sample(range(10**6), 30)) == first
+    # natural order of keys: partition-2 before partition-10; nodes without a key first, by id
+    order = [NodeProfile(9, "t", 1.0, 1, True, "v", "", key=k).sampling_order for k in ("partition-2", "partition-10")]
+    assert order[0] < order[1]
+    assert NodeProfile(9, "t", 1.0, 1, True, "v", "").sampling_order < order[0]

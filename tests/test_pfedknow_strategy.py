@@ -15,8 +15,9 @@ from models.cnn import width_catalog
 from models.family import CNNFamily
 from models.sparse import index_dtype, pack_parts, unpack_parts
 from models.training import TrainSettings
-from strategies.base import NodeProfile, Sent, record_nbytes, to_record
+from strategies.base import NodeProfile, Sent
 from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings
+from strategies.records import record_nbytes, to_record
 from tests.toy import reply
 
 CAT = width_catalog("conv", [("iot", 1.0)], in_channels=1, num_classes=3, image_size=8, batch_size=4, base=(4, 6))

@@ -10,7 +10,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent, to_record
+from strategies.base import HeterogeneousStrategy, Sent
+from strategies.records import to_record
 
 DIM = 2
 
