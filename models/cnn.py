@@ -389,8 +389,8 @@ def preresnet_width_rules(model: PreResNet) -> AxisGroups:
 def width_rules(model_name: str, full_model: nn.Module) -> AxisGroups:
     """Per state-dict tensor of ``full_model``, its width group per axis (``None``: never reduced).
 
-    The result is what ``strategies.heterofl.WidthRules(axes=...)`` accepts (models must not
-    import strategies).  The network input and the class count are ``None``.
+    The result is what ``strategies.heterofl.WidthRules(axes=...)`` accepts (``models/`` may
+    depend on no strategy).  The network input and the class count are ``None``.
 
     Raises
     ------
