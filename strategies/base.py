@@ -553,7 +553,7 @@ class HeterogeneousStrategy(Strategy):
         if not nodes or fraction == 0.0:
             return []
         k = min(len(nodes), max(minimum, math.ceil(fraction * len(nodes))))
-        ordered = sorted(nodes, key=lambda n: self.profiles[n].sampling_order if n in self.profiles else (0, (), n))
+        ordered = sorted(nodes, key=lambda n: self.profiles[n].sampling_order)  # every eligible node has a profile
         return sorted(self.rng.sample(ordered, k))
 
     # ------------------------------------------------------------------ train

@@ -444,8 +444,7 @@ class CoDistillation(HeterogeneousStrategy):
         device: str | torch.device = "cpu",
         **options: Unpack[StrategyOptions],
     ) -> None:
-        if mode not in MODES:
-            raise CodistConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        mode = parse_mode(mode)
         if membership not in MEMBERSHIPS:
             raise CodistConfigError(f"membership must be one of {MEMBERSHIPS}, got {membership!r}")
         if num_rounds < 1:
