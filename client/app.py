@@ -22,6 +22,7 @@ from flwr.common import log
 from torch import nn
 from torch.utils.data import DataLoader
 
+from client.held import held_arrays_mod
 from client.pfedknow import pfedknow_train
 from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile, node_config_int
 from experiment.config import RunConfig
@@ -46,7 +47,8 @@ from models.data import DataSpec, load_partition
 from models.family import ModelFamily
 from models.training import evaluate_classifier, model_device, train_classifier, use_threads
 
-app = ClientApp()
+#: every message passes :func:`client.held.held_arrays_mod` first (arrays the node holds are not re-sent)
+app = ClientApp(mods=[held_arrays_mod])
 
 
 @lru_cache(maxsize=4)

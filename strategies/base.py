@@ -75,7 +75,7 @@ from experiment.protocol import (
     scalar_metrics,
 )
 from models.catalog import VariantCatalog
-from strategies.grid import PromptGrid
+from strategies.grid import HeldArrays, HeldArraysGrid, PromptGrid
 from strategies.records import ArrayCache, State, compose, decompose, record_nbytes, to_record
 from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
@@ -299,6 +299,8 @@ class HeterogeneousStrategy(Strategy):
         if bad:
             raise ValueError(f"clip_update_norm bounds must be finite and >= 0, got {bad}")
         self.catalog = catalog
+        #: what each node holds (arrays it already received are left out of its messages)
+        self.held = HeldArrays()
         self.fraction_train = fraction_train
         self.fraction_evaluate = fraction_evaluate
         self.min_train_nodes = min_train_nodes
@@ -438,12 +440,14 @@ class HeterogeneousStrategy(Strategy):
         return self.state[variant]
 
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:
-        """Flower's round loop (``Strategy.start``) on a :class:`PromptGrid` around ``grid``.
+        """Flower's round loop (``Strategy.start``) on a :class:`HeldArraysGrid` around ``grid``.
 
         ``HETFL_REPLY_POLL_S`` (default 0.2) sets its poll interval; 3 reproduces Flower's own.
+        A grid that already is a :class:`PromptGrid` (tests) is used as it is.
         """
         poll = float(os.environ.get("HETFL_REPLY_POLL_S", "0.2"))
-        return super().start(grid if isinstance(grid, PromptGrid) else PromptGrid(grid, poll), *args, **kwargs)
+        wrapped = grid if isinstance(grid, PromptGrid) else HeldArraysGrid(grid, self.held, poll)
+        return super().start(wrapped, *args, **kwargs)
 
     def report(self, server_round: int) -> RoundReport:
         """The report of ``server_round`` (created on first use)."""
@@ -582,7 +586,8 @@ class HeterogeneousStrategy(Strategy):
             for variant in self.message_variants(node, kind):
                 payload = to_record(self.variant_payload(node, variant), self._arrays)
                 cfg = instruction_config(config, server_round=server_round, variant=variant)
-                msg = Message(RecordDict({ARRAYS: payload, CONFIG: cfg}), dst_node_id=node, message_type=kind)
+                held = self.held.prepare(node, payload)  # arrays the node holds are left out
+                msg = Message(RecordDict({ARRAYS: payload, CONFIG: cfg, **held}), dst_node_id=node, message_type=kind)
                 out[str(id(msg))] = Sent(msg, node, variant, record_nbytes(payload))
                 report.add(variant, "bytes-down", out[str(id(msg))].nbytes)
         return out

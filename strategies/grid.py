@@ -1,18 +1,36 @@
-"""The grid a strategy's rounds run on: Flower's, polled for replies more promptly.
+"""The grid a strategy's rounds run on: Flower's, polled for replies more promptly, resending lost arrays.
 
 Flower 1.39's deployment grid (``HttpGrid.send_and_receive``) sleeps 3 s between pulls of the
 replies; :class:`PromptGrid` wraps any grid and polls every ``poll_interval`` seconds instead
 (``HETFL_REPLY_POLL_S``, :meth:`strategies.base.HeterogeneousStrategy.start`).
+:class:`HeldArraysGrid` adds the server's side of :mod:`experiment.held`: arrays a node holds are
+left out of its messages (:class:`HeldArrays`), and a node that lost them gets its message again
+whole in the same round.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from logging import WARNING
 from typing import Any
 
-from flwr.app import Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import log
 from flwr.serverapp import Grid
+
+from experiment.held import (
+    CACHE,
+    HELD,
+    HELD_MISSING_CODE,
+    HOLDS,
+    MIN_HELD_BYTES,
+    array_digest,
+    digest_record,
+    pop_digests,
+    split_held,
+)
+from experiment.protocol import ARRAYS
 
 
 class PromptGrid(Grid):
@@ -52,14 +70,145 @@ class PromptGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``; pull their replies every ``poll_interval`` s until all came or ``timeout``."""
-        pending = set(self.grid.push_messages(messages))
+        pending = set(self.push_messages(messages))
         end = time.time() + (timeout if timeout is not None else 0.0)
         replies: list[Message] = []
         while pending:
-            got = list(self.grid.pull_messages(pending))
+            got = list(self.pull_messages(pending))
             replies += got
             pending -= {m.metadata.reply_to_message_id for m in got}
             if not pending or (timeout is not None and time.time() >= end):
                 break
             time.sleep(self.poll_interval)
         return replies
+
+
+class HeldArrays:
+    """What each node holds (:mod:`experiment.held`), and the arrays left out of messages in flight.
+
+    Arrays of at least ``min_bytes`` may be kept by a node.  Digests are computed once per
+    ``Array`` object (the strategies reuse an unchanged tensor's ``Array``,
+    :class:`strategies.records.ArrayCache`, and the same payload goes to every node of a variant).
+    """
+
+    def __init__(self, min_bytes: int = MIN_HELD_BYTES) -> None:
+        self.min_bytes = min_bytes
+        self.holds: dict[int, dict[str, str]] = {}
+        self._digests: dict[int, tuple[Array, str]] = {}
+        self._left_out: dict[int, tuple[ArrayRecord, dict[str, Array]]] = {}
+
+    def _digest(self, array: Array) -> str:
+        hit = self._digests.get(id(array))
+        if hit is not None and hit[0] is array:
+            return hit[1]
+        if len(self._digests) >= 4096:  # arrays of earlier rounds: forget them
+            self._digests = {}
+        digest = array_digest(array)
+        self._digests[id(array)] = (array, digest)
+        return digest
+
+    def keepable(self, arrays: ArrayRecord) -> dict[str, str]:
+        """``name -> digest`` of the arrays in ``arrays`` a node may keep (at least ``min_bytes``)."""
+        return {n: self._digest(a) for n, a in arrays.items() if len(a.data) >= self.min_bytes}
+
+    def prepare(self, node_id: int, arrays: ArrayRecord) -> dict[str, ConfigRecord]:
+        """Leave out of ``arrays`` (in place) what ``node_id`` holds; return the records to add.
+
+        The returned dict has :data:`HELD` (arrays left out) and/or :data:`CACHE` (arrays to keep).
+        """
+        present = self.keepable(arrays)
+        if not present:
+            return {}
+        held, cache = split_held(present, self.holds.get(node_id, {}))
+        left_out = {n: arrays[n] for n in held}
+        for n in held:
+            del arrays[n]
+        if left_out:
+            self._left_out[id(arrays)] = (arrays, left_out)
+        records = {HELD: digest_record(held)} if held else {}
+        return records | ({CACHE: digest_record(cache)} if cache else {})
+
+    def received(self, reply: Message) -> None:
+        """Record what the reply's node says it holds (and remove that record from the reply)."""
+        if reply.has_error():
+            return
+        try:
+            holds = pop_digests(reply.content, HOLDS)
+        except ValueError as exc:
+            log(WARNING, "node %d: ignored its %r record: %s", reply.metadata.src_node_id, HOLDS, exc)
+            return
+        if holds:
+            self.holds.setdefault(reply.metadata.src_node_id, {}).update(holds)
+
+    def whole(self, sent: Message) -> Message:
+        """``sent`` again with every array it left out, marked for keeping; its node holds nothing now."""
+        node = sent.metadata.dst_node_id
+        self.holds.pop(node, None)
+        content = RecordDict(dict(sent.content.items()))
+        held = pop_digests(content, HELD)
+        arrays = content[ARRAYS]
+        if not isinstance(arrays, ArrayRecord):
+            raise TypeError(f"message to node {node} has no {ARRAYS!r} ArrayRecord")
+        whole = ArrayRecord(dict(arrays.items()))
+        _, left_out = self._left_out.get(id(arrays), (arrays, {}))
+        for name in held:
+            whole[name] = left_out[name]
+        content[ARRAYS] = whole
+        cache = self.keepable(whole)
+        if cache:
+            content[CACHE] = digest_record(cache)
+        return Message(content, dst_node_id=node, message_type=sent.metadata.message_type)
+
+    def forget(self, sent: Message) -> None:
+        """Drop what was kept to resend ``sent`` (its reply came)."""
+        self._left_out.pop(id(sent.content.get(ARRAYS)), None)
+
+
+class HeldArraysGrid(PromptGrid):
+    """A grid that resends in full a message whose node lost arrays it had said it holds.
+
+    Pushes pass through (the strategy left the held arrays out when it built the messages,
+    :meth:`HeldArrays.prepare`).  Each pulled reply's :data:`HOLDS` record goes to
+    :meth:`HeldArrays.received`; a reply with :data:`HELD_MISSING_CODE` is not returned: the
+    message is pushed again whole (:meth:`HeldArrays.whole`), and its reply is returned in place
+    of the first, as a reply to the first message, so the strategy sees one reply per message.
+    """
+
+    def __init__(self, grid: Grid, held: HeldArrays, poll_interval: float = 0.2) -> None:
+        super().__init__(grid, poll_interval)
+        self.held = held
+        self._pushed: dict[str, Message] = {}
+        self._resent: dict[str, str] = {}  # resent message id -> first message id
+        self._alias: dict[str, str] = {}  # first message id -> resent message id
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        batch = list(messages)
+        ids = list(self.grid.push_messages(batch))
+        self._pushed.update(zip(ids, batch, strict=True))
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Replies to ``message_ids``; a lost held array's message is resent and its reply awaited."""
+        out: list[Message] = []
+        for reply in self.grid.pull_messages([self._alias.get(i, i) for i in message_ids]):
+            got = reply.metadata.reply_to_message_id
+            first = self._resent.get(got, got)
+            sent = self._pushed.get(first)
+            if sent is None:
+                out.append(reply)
+                continue
+            if reply.has_error() and reply.error.code == HELD_MISSING_CODE and got == first:
+                log(WARNING, "node %d: %s; sending message %s again whole", sent.metadata.dst_node_id,
+                    reply.error.reason, first)  # fmt: skip
+                (again,) = self.grid.push_messages([self.held.whole(sent)])
+                self._alias[first], self._resent[again] = again, first
+                continue
+            self.held.received(reply)
+            self.held.forget(sent)
+            del self._pushed[first]
+            if got != first:
+                self._alias.pop(first, None)
+                self._resent.pop(got, None)
+                reply = Message(reply.error if reply.has_error() else reply.content, reply_to=sent)
+            out.append(reply)
+        return out

@@ -1,0 +1,150 @@
+"""The node's side of :mod:`experiment.held`: a content-addressed array store and the ClientApp mod.
+
+The store keeps each array the server marked for keeping in one file named by its digest, under
+the node config's ``held-arrays-dir``, else ``$HETFL_HELD_ARRAYS_DIR``, else
+``~/.cache/hetfl/held-arrays`` (an empty value turns keeping off: the node then never says it
+holds anything and always receives every array).  A file is written to a temporary name and
+renamed, so concurrent ClientApps (forked per message, or Ray actors sharing a machine) never read
+a partial file; it is checked against its digest on every read, and a file that fails the check is
+deleted and reported missing.  Files the server never refers to again are removed oldest first once
+the store holds more than ``HETFL_HELD_ARRAYS_MAX_MB`` (default 2048) MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from logging import INFO, WARNING
+from pathlib import Path
+
+from flwr.app import Array, ArrayRecord, Context, Error, Message
+from flwr.common import log
+
+from experiment.held import (
+    CACHE,
+    HELD,
+    HELD_MISSING_CODE,
+    HELD_MISSING_REASON,
+    HOLDS,
+    array_digest,
+    digest_record,
+    pop_digests,
+)
+from experiment.protocol import ARRAYS
+
+DEFAULT_MAX_MB = 2048.0
+
+
+class ArrayStore:
+    """Arrays on disk, one file per digest: a JSON header line (dtype, shape, stype), then the bytes."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+
+    def _path(self, digest: str) -> Path:
+        return self.root / f"{digest}.array"
+
+    def get(self, digest: str) -> Array | None:
+        """The stored array of ``digest``, or ``None`` (absent, unreadable or failing its digest: deleted)."""
+        path = self._path(digest)
+        try:
+            raw = path.read_bytes()
+            head, data = raw.split(b"\n", 1)
+            meta = json.loads(head)
+            array = Array(dtype=meta["dtype"], shape=tuple(meta["shape"]), stype=meta["stype"], data=data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(WARNING, "held array %s unreadable (%s): deleted", digest, exc)
+            path.unlink(missing_ok=True)
+            return None
+        if array_digest(array) != digest:
+            log(WARNING, "held array %s does not match its digest: deleted", digest)
+            path.unlink(missing_ok=True)
+            return None
+        os.utime(path)  # most recently used: pruned last
+        return array
+
+    def put(self, digest: str, array: Array) -> bool:
+        """Store ``array`` under ``digest`` (atomically); ``False`` if it was there already."""
+        path = self._path(digest)
+        if path.exists():
+            os.utime(path)
+            return False
+        self.root.mkdir(parents=True, exist_ok=True)
+        head = json.dumps({"dtype": array.dtype, "shape": list(array.shape), "stype": array.stype}).encode()
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(head + b"\n")
+                f.write(array.data)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return True
+
+    def prune(self) -> None:
+        """Delete the least recently used files until the store holds at most ``max_bytes``."""
+        files = sorted(self.root.glob("*.array"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in files)
+        for p in files:
+            if total <= self.max_bytes:
+                break
+            total -= p.stat().st_size
+            p.unlink(missing_ok=True)
+
+
+def store_for(context: Context) -> ArrayStore | None:
+    """This node's store (``held-arrays-dir`` node config, ``$HETFL_HELD_ARRAYS_DIR``, default), or ``None`` if off."""
+    configured = context.node_config.get("held-arrays-dir", os.environ.get("HETFL_HELD_ARRAYS_DIR"))
+    if configured is not None and str(configured) == "":
+        return None
+    root = Path(str(configured)) if configured is not None else Path.home() / ".cache" / "hetfl" / "held-arrays"
+    max_mb = float(os.environ.get("HETFL_HELD_ARRAYS_MAX_MB", DEFAULT_MAX_MB))
+    return ArrayStore(root.expanduser(), int(max_mb * 2**20))
+
+
+def held_arrays_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Put held arrays back into the message, keep the marked ones, say what the node holds.
+
+    Runs before every handler (``ClientApp(mods=[...])``), so handlers always see whole messages.
+    A left-out array the store lacks is answered with the error :data:`HELD_MISSING_CODE`
+    (the server then sends the message again in full).
+    """
+    if msg.has_error() or (HELD not in msg.content and CACHE not in msg.content):
+        return call_next(msg, context)
+    held, cache = pop_digests(msg.content, HELD), pop_digests(msg.content, CACHE)
+    store = store_for(context)
+    arrays = msg.content.get(ARRAYS)
+    if not isinstance(arrays, ArrayRecord):
+        raise ValueError(f"message names held or cacheable arrays but has no {ARRAYS!r} ArrayRecord")
+    missing = []
+    for name, digest in held.items():
+        array = store.get(digest) if store is not None else None
+        if array is None:
+            missing.append(name)
+        else:
+            arrays[name] = array
+    if missing:
+        log(WARNING, "%s: %s; asking the server for the whole message", HELD_MISSING_REASON, ", ".join(missing))
+        return Message(
+            Error(code=HELD_MISSING_CODE, reason=f"{HELD_MISSING_REASON}: {', '.join(missing)}"), reply_to=msg
+        )
+    holds = dict(held)
+    if store is not None:
+        written = False
+        for name, digest in cache.items():
+            if name in arrays and array_digest(arrays[name]) == digest:
+                written |= store.put(digest, arrays[name])
+                holds[name] = digest
+        if written:
+            store.prune()
+    if held:
+        log(INFO, "restored %d held array(s) from %s", len(held), store.root if store is not None else "-")
+    reply = call_next(msg, context)
+    if holds and not reply.has_error():
+        reply.content[HOLDS] = digest_record(holds)
+    return reply

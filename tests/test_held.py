@@ -1,0 +1,289 @@
+"""Arrays a node holds are sent once (issue 21, item 4): the protocol, the node's store, the server's grid."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+import client.app as app
+from client.held import ArrayStore, held_arrays_mod
+from experiment.config import RunConfig
+from experiment.held import (
+    CACHE,
+    HELD,
+    HELD_MISSING_CODE,
+    HOLDS,
+    array_digest,
+    digest_record,
+    digests,
+    split_held,
+)
+from experiment.protocol import ARRAYS
+from server.app import build_strategy
+from strategies.base import HeterogeneousStrategy
+from strategies.grid import HeldArrays, HeldArraysGrid
+from strategies.records import record_nbytes
+from tests.handlers import context, task_identity  # noqa: F401  (fixture)
+
+RUN = {"model": "tiny", "tier-memory-mb": "auto", "local-steps": 2, "batch-size": 8}
+
+
+def _array(values: list[float]) -> Array:
+    return Array(np.asarray(values, dtype=np.float32))
+
+
+# --- the protocol's pure parts ------------------------------------------------------------------
+
+
+def test_digest_is_blake2b_of_dtype_shape_stype_and_bytes() -> None:
+    a = _array([1.0, 2.0, 3.0])
+    expected = hashlib.blake2b(b"float32|3|numpy.ndarray|" + a.data, digest_size=16).hexdigest()
+    assert a.stype == "numpy.ndarray"
+    assert array_digest(a) == expected
+    assert array_digest(_array([1.0, 2.0, 3.0])) == expected  # a function of the content only
+    assert array_digest(_array([1.0, 2.0, 3.5])) != expected
+    assert array_digest(Array(np.asarray([[1.0, 2.0, 3.0]], dtype=np.float32))) != expected  # shape
+    assert array_digest(Array(np.asarray([1.0, 2.0, 3.0], dtype=np.float64))) != expected  # dtype
+
+
+def test_split_held_leaves_out_exactly_what_the_node_holds_unchanged() -> None:
+    present = {"emb": "a" * 32, "pos": "b" * 32}
+    held, cache = split_held(present, {"emb": "a" * 32, "pos": "c" * 32})
+    assert held == {"emb": "a" * 32}
+    assert cache == {"pos": "b" * 32}  # changed since the node kept it: sent and marked again
+    held, cache = split_held(present, {})
+    assert (held, cache) == ({}, present)
+
+
+def test_digest_records_reject_what_is_no_digest() -> None:
+    assert digests(digest_record({"emb": "0" * 32})) == {"emb": "0" * 32}
+    with pytest.raises(ValueError, match="'emb': expected a 32-hex-digit digest, got 'x'"):
+        digests(ConfigRecord({"emb": "x"}))
+    with pytest.raises(ValueError, match="got 5"):
+        digests(ConfigRecord({"emb": 5}))
+
+
+# --- the node's store ---------------------------------------------------------------------------
+
+
+def test_store_round_trips_and_deletes_a_corrupt_file(tmp_path: Path) -> None:
+    store = ArrayStore(tmp_path, max_bytes=10**6)
+    a = _array([1.0, 2.0])
+    d = array_digest(a)
+    assert store.get(d) is None
+    store.put(d, a)
+    got = store.get(d)
+    assert got is not None and np.array_equal(got.numpy(), a.numpy()) and array_digest(got) == d
+    path = tmp_path / f"{d}.array"
+    path.write_bytes(path.read_bytes()[:-1] + b"\x00")  # one byte flipped
+    assert store.get(d) is None and not path.exists()
+    path.write_text("not an array")
+    assert store.get(d) is None and not path.exists()
+
+
+def test_store_prunes_least_recently_used_first(tmp_path: Path) -> None:
+    arrays = [_array([float(i)] * 100) for i in range(3)]  # about 590 bytes a file (npy + JSON headers)
+    store = ArrayStore(tmp_path, max_bytes=1300)
+    for i, a in enumerate(arrays):
+        assert store.put(array_digest(a), a)
+        if i == 1:
+            (tmp_path / f"{array_digest(arrays[0])}.array").touch()  # used again: newer than array 1
+            import os
+
+            os.utime(tmp_path / f"{array_digest(arrays[1])}.array", (0, 0))
+    assert not store.put(array_digest(arrays[2]), arrays[2])  # there already
+    assert len(list(tmp_path.glob("*.array"))) == 3  # put never prunes: the mod prunes once a message
+    store.prune()
+    kept = {p.stem for p in tmp_path.glob("*.array")}
+    assert kept == {array_digest(arrays[0]), array_digest(arrays[2])}
+
+
+# --- the ClientApp mod --------------------------------------------------------------------------
+
+
+def _echo(msg: Message, _ctx: object) -> Message:
+    arrays = msg.content[ARRAYS]
+    assert isinstance(arrays, ArrayRecord)
+    return Message(RecordDict({"seen": ArrayRecord(dict(arrays.items()))}), reply_to=msg)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_mod_keeps_marked_arrays_and_restores_held_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", str(tmp_path))
+    emb, w = _array([1.0, 2.0]), _array([3.0])
+    d = array_digest(emb)
+    first = Message(
+        RecordDict({ARRAYS: ArrayRecord({"emb": emb, "w": w}), CACHE: digest_record({"emb": d})}),
+        dst_node_id=7,
+        message_type="train",
+    )
+    reply = held_arrays_mod(first, context(RUN), _echo)
+    assert digests(reply.content[HOLDS]) == {"emb": d}  # type: ignore[arg-type]
+    assert CACHE not in first.content  # handlers never see the protocol's records
+    second = Message(
+        RecordDict({ARRAYS: ArrayRecord({"w": w}), HELD: digest_record({"emb": d})}),
+        dst_node_id=7,
+        message_type="train",
+    )
+    reply = held_arrays_mod(second, context(RUN), _echo)
+    seen = reply.content["seen"]
+    assert isinstance(seen, ArrayRecord) and set(seen) == {"w", "emb"}
+    assert np.array_equal(seen["emb"].numpy(), emb.numpy())
+    assert digests(reply.content[HOLDS]) == {"emb": d}  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_mod_answers_a_lost_array_with_the_missing_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", str(tmp_path))
+    msg = Message(
+        RecordDict({ARRAYS: ArrayRecord({"w": _array([3.0])}), HELD: digest_record({"emb": "f" * 32})}),
+        dst_node_id=7,
+        message_type="train",
+    )
+    reply = held_arrays_mod(msg, context(RUN), _echo)
+    assert reply.has_error() and reply.error.code == HELD_MISSING_CODE
+    assert reply.error.reason == "held arrays missing: emb"
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_mod_with_keeping_off_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", "")
+    emb = _array([1.0])
+    msg = Message(
+        RecordDict({ARRAYS: ArrayRecord({"emb": emb}), CACHE: digest_record({"emb": array_digest(emb)})}),
+        dst_node_id=7,
+        message_type="train",
+    )
+    assert HOLDS not in held_arrays_mod(msg, context(RUN), _echo).content
+
+
+# --- the server's side, with the real ClientApp in-process ----------------------------------------
+
+
+def _delivered(msg: Message) -> Message:
+    """What a node receives: a copy of ``msg`` (what the ClientApp changes never reaches the sender's message)."""
+    content = RecordDict()
+    for key, record in msg.content.items():
+        if isinstance(record, ArrayRecord):
+            content[key] = ArrayRecord(dict(record.items()))
+        elif isinstance(record, ConfigRecord):
+            content[key] = ConfigRecord(dict(record.items()))
+        else:
+            raise TypeError(f"unexpected record {key!r}: {type(record).__name__}")
+    got = Message(content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type)
+    got.metadata.__dict__["_message_id"] = msg.metadata.message_id
+    return got
+
+
+class LoopGrid:
+    """Nodes ``1..n`` served by the real ClientApp (mods included) in-process; counts array bytes pushed."""
+
+    def __init__(self, run_config: Mapping[str, object], nodes: int) -> None:
+        self.run_config, self.nodes = dict(run_config), nodes
+        self.replies: dict[str, Message] = {}
+        self.pushed_bytes: list[int] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(1, self.nodes + 1))
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for msg in messages:
+            msg_id = msg.object_id
+            msg.metadata.__dict__["_message_id"] = msg_id  # what pushing a message sets
+            arrays = msg.content.get(ARRAYS)
+            if msg.metadata.message_type in ("train", "evaluate"):  # not the strategy's profile queries
+                self.pushed_bytes.append(record_nbytes(arrays) if isinstance(arrays, ArrayRecord) else 0)
+            ctx = context(self.run_config, pid=msg.metadata.dst_node_id - 1, num=self.nodes)
+            self.replies[msg_id] = app.app(_delivered(msg), ctx)
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def _run(
+    rounds: int, *, store: Path, wipe_before: int | None = None, min_bytes: int | None = None
+) -> tuple[HeterogeneousStrategy, list[dict[str, list[int]]]]:
+    """``rounds`` rounds of train + federated evaluation on 3 nodes; bytes pushed per round and kind."""
+    cfg = RunConfig.model_validate(RUN | {"fraction-evaluate": 1.0})
+    strategy = build_strategy(cfg)
+    if min_bytes is not None:
+        strategy.held = HeldArrays(min_bytes)
+    init = cfg.family().initial_states(cfg.catalog, seed=0)
+    arrays = strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
+    inner = LoopGrid(RUN, nodes=3)
+    grid = HeldArraysGrid(inner, strategy.held, poll_interval=0.0)  # type: ignore[arg-type]
+    pushed: list[dict[str, list[int]]] = []
+    for rnd in range(1, rounds + 1):
+        if rnd == wipe_before:
+            for p in store.glob("*.array"):
+                p.unlink()
+        pushed.append({})
+        for kind in ("train", "evaluate"):
+            inner.pushed_bytes = []
+            configure = strategy.configure_train if kind == "train" else strategy.configure_evaluate
+            msgs = list(configure(rnd, arrays, ConfigRecord(), grid))  # type: ignore[arg-type]
+            replies = list(grid.send_and_receive(msgs))
+            ids = sorted(m.metadata.message_id for m in msgs)
+            assert sorted(r.metadata.reply_to_message_id for r in replies) == ids
+            assert all(not r.has_error() and HOLDS not in r.content for r in replies)
+            if kind == "train":
+                result = strategy.aggregate_train(rnd, replies)
+                assert result is not None and result[0] is not None
+                arrays = result[0]
+            else:
+                assert strategy.aggregate_evaluate(rnd, replies) is not None
+            pushed[-1][kind] = inner.pushed_bytes
+    return strategy, pushed
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_each_array_reaches_a_node_once_and_the_model_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", str(tmp_path / "store"))
+    strategy, pushed = _run(2, store=tmp_path / "store")
+    assert len(strategy.held.holds) == 3  # every node said it holds the (frozen) word embeddings
+    assert all("bert.embeddings.word_embeddings.weight" in h for h in strategy.held.holds.values())
+    first, second = pushed
+    # round 1's training message carries every array; later ones leave the embeddings out
+    assert all(b < a - 3_000_000 for a, b in zip(sorted(first["train"]), sorted(first["evaluate"]), strict=True))
+    # round 2's training message leaves out what round 1's evaluation delivered unchanged (the
+    # 64 KiB position embeddings, the only other array of at least MIN_HELD_BYTES)
+    diff = [e - t for t, e in zip(sorted(second["train"]), sorted(first["evaluate"]), strict=True)]
+    assert all(65536 <= d < 66000 for d in diff), diff
+    monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", "")  # keeping off: every array in every message
+    plain, plain_pushed = _run(2, store=tmp_path / "none")
+    assert sorted(plain_pushed[1]["train"]) == sorted(first["train"])
+    for variant, tensors in strategy.state.items():
+        for name, t in tensors.items():
+            assert np.array_equal(t.numpy(), plain.state[variant][name].numpy()), (variant, name)
+    # every array keepable: the training message after the evaluation that delivered the same
+    # global model carries no array at all
+    monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", str(tmp_path / "all"))
+    keep_all, keep_all_pushed = _run(2, store=tmp_path / "all", min_bytes=0)
+    assert keep_all_pushed[1]["train"] == [0, 0, 0]
+    for variant, tensors in keep_all.state.items():
+        for name, t in tensors.items():
+            assert np.array_equal(t.numpy(), plain.state[variant][name].numpy()), (variant, name)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_node_that_lost_its_copy_gets_the_message_again_in_the_same_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", str(tmp_path / "store"))
+    strategy, pushed = _run(2, wipe_before=2, store=tmp_path / "store")
+    train = pushed[1]["train"]
+    assert len(train) == 6  # 3 messages without the embeddings, refused, then 3 whole ones
+    assert sorted(train[3:]) == sorted(pushed[0]["train"])
+    report = strategy.report(2)
+    assert not report.failed and not report.rejected
+    assert len(strategy.held.holds) == 3  # kept again from the whole messages
