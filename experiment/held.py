@@ -41,8 +41,9 @@ HOLDS: Final = "holds-arrays"
 #: ``Error.code`` of a reply whose node lacks an array the message left out.
 HELD_MISSING_CODE: Final = 1021
 HELD_MISSING_REASON: Final = "held arrays missing"
-#: arrays smaller than this (bytes) are always sent (biases, norms: naming them costs about as much).
-MIN_HELD_BYTES: Final = 64 * 1024
+#: arrays smaller than this (bytes) are always sent: biases and norms, whose digest and name cost
+#: about 2 % of their size; every weight matrix of the tiny model and of MiniLM is larger.
+MIN_HELD_BYTES: Final = 4 * 1024
 
 
 def array_digest(array: Array) -> str:
