@@ -143,24 +143,26 @@ def pull_backoff() -> tuple[float, float]:
     return initial, cap
 
 
-def quick_pull_retries(initial: float, cap: float) -> None:
+def quick_pull_retries(initial: float, cap: float, module: Any = None) -> None:
     """Make this process's Flower object pulls retry after ``initial`` s, doubling to ``cap`` s.
 
-    Wraps ``flwr.supercore.inflatable.inflatable_utils.pull_objects`` (through which
-    ``run_clientapp`` pulls its message) so that every call uses this backoff and no per-object
-    try limit; the overall time limit (``max_time``) is the caller's, Flower's 2 h by default.
-    Idempotent.
+    Wraps ``module.pull_objects`` (default ``flwr.supercore.inflatable.inflatable_utils``,
+    through which ``run_clientapp`` pulls its message; :mod:`client.supernode` passes the
+    SuperNode's module, which imported the name) so that every call uses this backoff and no
+    per-object try limit; the overall time limit (``max_time``) is the caller's, Flower's 2 h by
+    default.  Idempotent.
     """
-    from flwr.supercore.inflatable import inflatable_utils
+    if module is None:
+        from flwr.supercore.inflatable import inflatable_utils as module
 
-    original = getattr(inflatable_utils.pull_objects, "__wrapped__", inflatable_utils.pull_objects)
+    original = getattr(module.pull_objects, "__wrapped__", module.pull_objects)
 
     @functools.wraps(original)
     def pull_objects(object_ids: list[str], pull_object_fn: Any, **kwargs: Any) -> dict[str, bytes]:
         kwargs.update(initial_backoff=initial, backoff_cap=cap, max_tries_per_object=None)
         return original(object_ids, pull_object_fn, **kwargs)
 
-    inflatable_utils.pull_objects = pull_objects
+    module.pull_objects = pull_objects
 
 
 def _reap(*_: object) -> None:

@@ -362,8 +362,12 @@ def supernode_command(
     host: str = "127.0.0.1",
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """``flower-supernode`` dialing ``superlink`` (``HOST:PORT`` of the Fleet API)."""
-    cmd = [str(BIN / "flower-supernode"), "--grpc-rere", "--superlink", superlink]
+    """``flower-supernode`` dialing ``superlink`` (``HOST:PORT`` of the Fleet API).
+
+    Run as ``python -m client.supernode`` (Flower's SuperNode with its idle waits shortened,
+    ``HETFL_SUPERNODE_IDLE_S``; ``3`` restores Flower's).
+    """
+    cmd = [sys.executable, "-m", "client.supernode", "--grpc-rere", "--superlink", superlink]
     cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
     if auth_key is not None:
         cmd += ["--auth-supernode-private-key", str(auth_key)]

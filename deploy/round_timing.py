@@ -2,18 +2,19 @@
 
 Usage::
 
-    python -m deploy.round_timing [--rounds 3] [--modes cold,warm] [--out results/round-timing]
+    python -m deploy.round_timing [--rounds 5] [--modes sim,warm] [--out results/round-timing]
 
-Runs the tiny model on a loopback cluster (one SuperLink, weak / medium / strong
-SuperNodes over gRPC) once per mode and prints, per round, the server-side wall time of the
-round (``seconds`` in ``rounds.jsonl``: from ``configure_train`` to the end of evaluation),
-the slowest ClientApp's training handler (``train-seconds``: rebuilding the variant, loading
-data, local steps), the slowest ClientApp's start-up (``startup-seconds``: age of its process
-when the train handler began -- process start or fork, imports, pulling the message, FAB)
-and the rest (evaluation messages, polling, transfers, the server's own work).  Modes:
-``cold`` (a fresh ``flwr-clientapp`` per message), ``warm`` (the launcher's default:
-ClientApps forked from a pre-warmed SuperExec, :mod:`client.warm`), ``flower`` (cold with
-Flower's default poll intervals).  It also times the ClientApp module import alone.
+Runs the tiny model (2 local steps, federated evaluation on every node) once per mode, on a
+loopback cluster (one SuperLink, weak / medium / strong SuperNodes over gRPC) or, for ``sim``,
+as a Ray simulation of the same three clients, and prints, per round, the server-side wall time
+of the round (``seconds`` in ``rounds.jsonl``: from ``configure_train`` to the end of
+evaluation), the slowest ClientApp's training handler (``train-seconds``: rebuilding the
+variant, loading data, local steps), the slowest ClientApp's start-up (``startup-seconds``: age
+of its process when the train handler began -- process start or fork, imports, pulling the
+message, FAB) and the rest (evaluation messages, polling, transfers, the server's own work).
+With ``sim`` among the modes it also prints each deployment mode's **fixed overhead**: the
+median round time of rounds 2..N minus the simulation's (issue 21's measure).  Modes:
+:data:`MODES`.  It also times the ClientApp module import alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy.launch import ROOT, Ports, run_loopback
+from deploy.launch import ROOT, Ports, run_loopback, run_simulation
 from tests.flower_runs import TINY, tiny_budgets  # the tiny run of the deployment tests
 
 
@@ -42,31 +44,49 @@ def import_seconds(module: str = "client.app", repeats: int = 2) -> float:
     return best
 
 
-def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[str, float]] | None:
-    """One loopback run in ``mode``; per round: seconds, slowest training, slowest start-up.
+#: The environment of each mode (what the launcher's processes read).
+MODES: dict[str, dict[str, str]] = {
+    "sim": {},
+    "warm": {"HETFL_WARM_EXECUTOR": "1"},
+    "warm-idle3": {"HETFL_WARM_EXECUTOR": "1", "HETFL_SUPERNODE_IDLE_S": "3", "HETFL_PULL_BACKOFF_S": "1,10"},
+    "cold": {"HETFL_WARM_EXECUTOR": "0"},
+    "flower": {
+        "HETFL_WARM_EXECUTOR": "0",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0",
+        "HETFL_REPLY_POLL_S": "3",
+        "HETFL_SUPERNODE_IDLE_S": "3",
+        "HETFL_PULL_BACKOFF_S": "1,10",
+    },
+}
 
-    Modes: ``warm`` (the launcher's defaults: warm SuperExec, short polls), ``cold`` (a fresh
-    ``flwr-clientapp`` process per message, short polls), ``flower`` (cold and Flower's default
-    poll intervals: SuperExec 1 s, reply polling 3 s).
+
+def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[str, float]] | None:
+    """One run in ``mode``; per round after the first: seconds, slowest training, slowest start-up.
+
+    Modes (:data:`MODES`): ``sim`` (the same run as a Ray simulation with 3 virtual clients: the
+    baseline the fixed overhead is measured against), ``warm`` (the launcher's defaults: warm
+    SuperExec, short polls, SuperNodes through :mod:`client.supernode`), ``warm-idle3`` (warm,
+    but the SuperNode's idle wait and object-pull backoff as Flower's: 3 s, 1-10 s), ``cold`` (a
+    fresh ``flwr-clientapp`` process per message, short polls), ``flower`` (cold and every wait
+    as Flower's: SuperExec poll 1 s, reply polling 3 s, SuperNode idle 3 s, pull backoff 1-10 s).
     """
-    modes = {
-        "warm": {"HETFL_WARM_EXECUTOR": "1"},
-        "cold": {"HETFL_WARM_EXECUTOR": "0"},
-        "flower": {"HETFL_WARM_EXECUTOR": "0", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0", "HETFL_REPLY_POLL_S": "3"},
-    }
-    env = modes[mode]
-    saved = {
-        k: os.environ.get(k) for k in ("HETFL_WARM_EXECUTOR", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "HETFL_REPLY_POLL_S")
-    }
+    env = MODES[mode]
+    saved = {k: os.environ.get(k) for k in {k for m in MODES.values() for k in m}}
     os.environ.update(env)
+    run_config = f"{TINY} num-server-rounds={rounds} tier-memory-mb='{tiny_budgets()}'"
     try:
         t0 = time.perf_counter()
-        outcome = run_loopback(
-            tiers=["weak", "medium", "strong"],
-            run_config=f"{TINY} num-server-rounds={rounds} tier-memory-mb='{tiny_budgets()}'",
-            results_dir=out, run_name=mode, ports=Ports(port_base, port_base + 1, port_base + 2),
-            flwr_home=out / f"flwr-home-{mode}", echo=False,
-        )  # fmt: skip
+        if mode == "sim":
+            outcome = run_simulation(
+                supernodes=3, run_config=run_config, results_dir=out, run_name=mode,
+                flwr_home=out / f"flwr-home-{mode}", echo=False,
+            )  # fmt: skip
+        else:
+            outcome = run_loopback(
+                tiers=["weak", "medium", "strong"], run_config=run_config,
+                results_dir=out, run_name=mode, ports=Ports(port_base, port_base + 1, port_base + 2),
+                flwr_home=out / f"flwr-home-{mode}", echo=False,
+            )  # fmt: skip
     finally:
         for k, v in saved.items():
             if v is None:
@@ -92,8 +112,8 @@ def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--modes", default="cold,warm", help="comma-separated: warm, cold, flower")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--modes", default="sim,warm", help=f"comma-separated: {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--port-base", type=int, default=19392)
     args = parser.parse_args(argv)
@@ -111,6 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"{mode:>6} {r['round']:>5} {r['seconds']:>8.1f} {r['train']:>7.2f} {r['startup']:>9.2f} {other:>7.1f}"
             )
+    if "sim" in results:
+        base = statistics.median(r["seconds"] for r in results["sim"])
+        print(f"fixed overhead per round (median of rounds 2-{args.rounds}, minus the simulation's {base:.1f} s):")
+        for mode, rows in results.items():
+            if mode != "sim":
+                print(f"{mode:>10} {statistics.median(r['seconds'] for r in rows) - base:+.1f} s")
     (out / "round-timing.json").write_text(json.dumps(results, indent=1))
     print(f"fresh interpreter importing client.app: {import_seconds():.2f} s")
     return 0

@@ -1,0 +1,85 @@
+"""``python -m client.supernode``: Flower's ``flower-supernode`` with its idle waits shortened.
+
+Flower 1.39's SuperNode (``flwr.supernode.start_client_internal``) runs one loop: pull a message
+from the SuperLink; if there is none, ``time.sleep(3)``; if there is one, wait for its reply in
+steps of ``time.sleep(0.5)`` and push it.  A round of train + evaluate therefore waits up to
+3 s before a node picks up each of its two messages and up to 0.5 s before it returns each
+reply (measured on the loopback cluster: see docs/DEPLOYING.md, "Round time").  Those waits are
+hard-coded; this entry point runs Flower's own ``flower-supernode`` unchanged except that
+
+* every sleep of that module lasts at most ``HETFL_SUPERNODE_IDLE_S`` seconds (default
+  :data:`IDLE_S`; ``3`` restores Flower's idle loop), and
+* the SuperNode's pulls of a message's objects from the SuperLink retry with the ClientApps'
+  short backoff (:func:`client.warm.quick_pull_retries`, ``HETFL_PULL_BACKOFF_S``).
+
+The price is requests: an idle SuperNode asks the SuperLink for a message every
+``HETFL_SUPERNODE_IDLE_S`` seconds instead of every 3 s (a device operator with many nodes per
+SuperLink raises it; docs/DEPLOYING.md, "A million devices").  Nothing in the installed Flower
+package is edited: the module's ``time`` and ``pull_objects`` names are rebound in this
+process only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+from client.warm import pull_backoff, quick_pull_retries
+
+IDLE_ENV = "HETFL_SUPERNODE_IDLE_S"
+#: Longest idle sleep of the SuperNode's loop, seconds (Flower's: 3 s; 0.5 s while awaiting a reply).
+IDLE_S = 0.2
+
+
+def idle_seconds() -> float:
+    """``$HETFL_SUPERNODE_IDLE_S`` or :data:`IDLE_S` (``ValueError`` naming the variable if not a number > 0)."""
+    raw = os.environ.get(IDLE_ENV, "").strip()
+    if not raw:
+        return IDLE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{IDLE_ENV}={raw!r}: expected seconds, a number > 0 (Flower's own wait is 3)") from None
+    if not value > 0:
+        raise ValueError(f"{IDLE_ENV}={raw!r}: expected seconds, a number > 0 (Flower's own wait is 3)")
+    return value
+
+
+class CappedSleepTime(ModuleType):
+    """The ``time`` module, except that ``sleep(s)`` sleeps ``min(s, cap)`` seconds."""
+
+    def __init__(self, cap: float) -> None:
+        super().__init__("time")
+        self.cap = cap
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep(min(seconds, cap))``."""
+        time.sleep(min(seconds, self.cap))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def shorten_waits(idle: float, backoff: tuple[float, float]) -> None:
+    """Cap the SuperNode loop's sleeps at ``idle`` s; object pulls retry after ``backoff`` (initial, cap)."""
+    import flwr.supernode.start_client_internal as supernode
+
+    vars(supernode)["time"] = CappedSleepTime(idle)  # the module-level name its loop sleeps through
+    quick_pull_retries(*backoff, module=supernode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m client.supernode [flower-supernode args]``."""
+    from flwr.supernode.cli.flower_supernode import flower_supernode
+
+    shorten_waits(idle_seconds(), pull_backoff())
+    sys.argv = ["flower-supernode", *(sys.argv[1:] if argv is None else argv)]
+    flower_supernode()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
