@@ -660,7 +660,8 @@ def host_commands(superlink: str, tiers: Sequence[str], *, tls: bool = False, au
             f"# on edge device {i} ({tier}); add memory-mb=N to override the budget"
             + (f" (copy ca.crt and certs/supernodes/{names[i]} there)" if auth else ""),
             "export FLWR_TELEMETRY_ENABLED=0 FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1",
-            f"flower-supernode {node_sec} --grpc-rere --superlink {superlink}:9092 --node-config {shlex.quote(cfg)}",
+            f"python -m client.supernode {node_sec} --grpc-rere --superlink {superlink}:9092"
+            f" --node-config {shlex.quote(cfg)}",
         ]
     conn = f'#   root-certificates = "{ROOT}/certs/ca.crt"' if tls else "#   insecure = true"
     lines += [
