@@ -28,9 +28,11 @@ from experiment.held import (
     HELD_MISSING_CODE,
     HELD_MISSING_REASON,
     HOLDS,
+    ORDER,
     array_digest,
     digest_record,
     pop_digests,
+    pop_order,
 )
 from experiment.protocol import ARRAYS
 
@@ -116,7 +118,7 @@ def held_arrays_mod(msg: Message, context: Context, call_next: Callable[[Message
     """
     if msg.has_error() or (HELD not in msg.content and CACHE not in msg.content):
         return call_next(msg, context)
-    held, cache = pop_digests(msg.content, HELD), pop_digests(msg.content, CACHE)
+    held, cache, order = pop_digests(msg.content, HELD), pop_digests(msg.content, CACHE), pop_order(msg.content)
     store = store_for(context)
     arrays = msg.content.get(ARRAYS)
     if not isinstance(arrays, ArrayRecord):
@@ -133,6 +135,10 @@ def held_arrays_mod(msg: Message, context: Context, call_next: Callable[[Message
         return Message(
             Error(code=HELD_MISSING_CODE, reason=f"{HELD_MISSING_REASON}: {', '.join(missing)}"), reply_to=msg
         )
+    if order is not None:  # the record as the server built it, arrays in their order
+        if set(order) != set(arrays.keys()):
+            raise ValueError(f"record {ORDER!r} names other arrays than the message holds once restored")
+        msg.content[ARRAYS] = arrays = ArrayRecord({name: arrays[name] for name in order})
     holds = dict(held)
     if store is not None:
         written = False

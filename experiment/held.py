@@ -13,7 +13,8 @@ protocol that avoids it, shared by both apps:
    it) and lists what it now holds in a reply record :data:`HOLDS` (``name -> digest``).
 3. Once a node's reply said it holds ``name`` with digest ``d``, a later message to that node
    whose array ``name`` still has digest ``d`` omits it and names it in a record :data:`HELD`
-   instead; the mod puts the stored array back before any handler runs.
+   instead (and lists the message's array names in order in :data:`ORDER`); the mod puts the
+   stored array back, in its place, before any handler runs.
 4. A node that lost its copy (a new machine, a wiped cache, a corrupt file) answers with the
    error :data:`HELD_MISSING_CODE`; the server forgets what that node held and sends the same
    message again in full, in the same round (:class:`strategies.grid.HeldArraysGrid`).
@@ -34,6 +35,9 @@ from flwr.app.typing import ConfigRecordValues
 
 #: message record: ``name -> digest`` of arrays left out (the node holds them).
 HELD: Final = "held-arrays"
+#: message record (with :data:`HELD`): ``{"names": [...]}``, every array name of the message in
+#: its order, so the node restores the record exactly as it was built.
+ORDER: Final = "held-arrays-order"
 #: message record: ``name -> digest`` of arrays the node may keep for later messages.
 CACHE: Final = "cache-arrays"
 #: reply record: ``name -> digest`` of the arrays the node holds after this message.
@@ -95,3 +99,15 @@ def split_held(names_digests: Mapping[str, str], holds: Mapping[str, str]) -> tu
     held = {n: d for n, d in names_digests.items() if holds.get(n) == d}
     cache = {n: d for n, d in names_digests.items() if n not in held}
     return held, cache
+
+
+def pop_order(content: RecordDict) -> list[str] | None:
+    """Remove record :data:`ORDER` from ``content``; its names (``None`` when absent, ``ValueError`` if malformed)."""
+    if ORDER not in content:
+        return None
+    record = content[ORDER]
+    del content[ORDER]
+    names = record.get("names") if isinstance(record, ConfigRecord) else None
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ValueError(f"record {ORDER!r}: expected a ConfigRecord with a list of names under 'names'")
+    return [str(n) for n in names]

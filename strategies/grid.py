@@ -25,9 +25,11 @@ from experiment.held import (
     HELD_MISSING_CODE,
     HOLDS,
     MIN_HELD_BYTES,
+    ORDER,
     array_digest,
     digest_record,
     pop_digests,
+    pop_order,
     split_held,
 )
 from experiment.protocol import ARRAYS
@@ -120,13 +122,30 @@ class HeldArrays:
         if not present:
             return {}
         held, cache = split_held(present, self.holds.get(node_id, {}))
+        order = list(arrays.keys())
         left_out = {n: arrays[n] for n in held}
         for n in held:
             del arrays[n]
         if left_out:
             self._left_out[id(arrays)] = (arrays, left_out)
-        records = {HELD: digest_record(held)} if held else {}
+        records = {HELD: digest_record(held), ORDER: ConfigRecord({"names": order})} if held else {}
         return records | ({CACHE: digest_record(cache)} if cache else {})
+
+    def replace_arrays(self, node_id: int, content: RecordDict, arrays: ArrayRecord) -> None:
+        """Make ``arrays`` the :data:`ARRAYS` record of ``content``, a message to ``node_id`` built before.
+
+        The records :meth:`prepare` added for the old arrays are replaced by those for ``arrays``
+        (a strategy that re-encodes a built message, :meth:`strategies.pfedknow.PFedKnow.encode_messages`).
+        """
+        old = content.get(ARRAYS)
+        if isinstance(old, ArrayRecord):
+            self._left_out.pop(id(old), None)
+        for key in (HELD, CACHE, ORDER):
+            if key in content:
+                del content[key]
+        content[ARRAYS] = arrays
+        for key, record in self.prepare(node_id, arrays).items():
+            content[key] = record
 
     def received(self, reply: Message) -> None:
         """Record what the reply's node says it holds (and remove that record from the reply)."""
@@ -145,14 +164,13 @@ class HeldArrays:
         node = sent.metadata.dst_node_id
         self.holds.pop(node, None)
         content = RecordDict(dict(sent.content.items()))
-        held = pop_digests(content, HELD)
+        held, order = pop_digests(content, HELD), pop_order(content)
         arrays = content[ARRAYS]
         if not isinstance(arrays, ArrayRecord):
             raise TypeError(f"message to node {node} has no {ARRAYS!r} ArrayRecord")
-        whole = ArrayRecord(dict(arrays.items()))
         _, left_out = self._left_out.get(id(arrays), (arrays, {}))
-        for name in held:
-            whole[name] = left_out[name]
+        every = dict(arrays.items()) | {name: left_out[name] for name in held}
+        whole = ArrayRecord({name: every[name] for name in (order or every)})
         content[ARRAYS] = whole
         cache = self.keepable(whole)
         if cache:

@@ -641,9 +641,9 @@ class PFedKnow(HeterogeneousStrategy):
             key = self.node_key(s.node_id)
             payload = to_wire(self.variant_payload(s.node_id, s.variant), self.client_masks(key))
             record = ArrayRecord({k: Array(v) for k, v in payload.items()})
-            nbytes = record_nbytes(record)
             content = s.message.content
-            content[ARRAYS] = record
+            self.held.replace_arrays(s.node_id, content, record)  # what the node holds is left out
+            nbytes = record_nbytes(record)
             cfg = record_of(content, CONFIG, ConfigRecord)
             for k, v in instruction.to_config().items():
                 cfg[k] = v

@@ -18,6 +18,7 @@ from experiment.held import (
     HELD,
     HELD_MISSING_CODE,
     HOLDS,
+    ORDER,
     array_digest,
     digest_record,
     digests,
@@ -126,13 +127,19 @@ def test_mod_keeps_marked_arrays_and_restores_held_ones(tmp_path: Path, monkeypa
     assert digests(reply.content[HOLDS]) == {"emb": d}  # type: ignore[arg-type]
     assert CACHE not in first.content  # handlers never see the protocol's records
     second = Message(
-        RecordDict({ARRAYS: ArrayRecord({"w": w}), HELD: digest_record({"emb": d})}),
+        RecordDict(
+            {
+                ARRAYS: ArrayRecord({"w": w}),
+                HELD: digest_record({"emb": d}),
+                ORDER: ConfigRecord({"names": ["emb", "w"]}),
+            }
+        ),
         dst_node_id=7,
         message_type="train",
     )
     reply = held_arrays_mod(second, context(RUN), _echo)
     seen = reply.content["seen"]
-    assert isinstance(seen, ArrayRecord) and set(seen) == {"w", "emb"}
+    assert isinstance(seen, ArrayRecord) and list(seen) == ["emb", "w"]  # in the order the server built
     assert np.array_equal(seen["emb"].numpy(), emb.numpy())
     assert digests(reply.content[HOLDS]) == {"emb": d}  # type: ignore[arg-type]
 
@@ -287,3 +294,17 @@ def test_a_node_that_lost_its_copy_gets_the_message_again_in_the_same_round(
     report = strategy.report(2)
     assert not report.failed and not report.rejected
     assert len(strategy.held.holds) == 3  # kept again from the whole messages
+
+
+def test_replacing_a_built_messages_arrays_replaces_its_held_records() -> None:
+    held = HeldArrays(min_bytes=0)
+    emb, w, x = _array([1.0, 2.0]), _array([3.0]), _array([4.0])
+    held.holds[5] = {"emb": array_digest(emb)}
+    arrays = ArrayRecord({"emb": emb, "w": w})
+    content = RecordDict({ARRAYS: arrays, **held.prepare(5, arrays)})
+    assert list(arrays) == ["w"] and digests(content[HELD]) == {"emb": array_digest(emb)}  # type: ignore[arg-type]
+    assert ORDER in content
+    held.replace_arrays(5, content, ArrayRecord({"x": x}))  # a re-encoded payload (pFedKnow)
+    assert HELD not in content and ORDER not in content
+    assert digests(content[CACHE]) == {"x": array_digest(x)}  # type: ignore[arg-type]
+    assert list(content[ARRAYS]) == ["x"]  # type: ignore[arg-type]
