@@ -205,6 +205,15 @@ class HeldArraysGrid(PromptGrid):
         self._pushed.update(zip(ids, batch, strict=True))
         return ids
 
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """:meth:`PromptGrid.send_and_receive`; what was kept for messages never answered is dropped after it."""
+        try:
+            return super().send_and_receive(messages, timeout=timeout)
+        finally:
+            for sent in self._pushed.values():
+                self.held.forget(sent)
+            self._pushed, self._resent, self._alias = {}, {}, {}
+
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """Replies to ``message_ids``; a lost held array's message is resent and its reply awaited."""
         out: list[Message] = []

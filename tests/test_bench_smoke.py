@@ -200,3 +200,15 @@ def test_scale_server_child_samples_per_round_from_all_nodes() -> None:
 
     row = child(12, 4, 2, "tiny")
     assert row["per_round"] == [4, 4] and len(row["round_s"]) == 2 and row["peak_growth_mb"] >= 0
+
+
+def test_superlink_state_smoke_reports_every_cost(tmp_path: Path) -> None:
+    from bench.superlink_state import main as state_main
+
+    out = tmp_path / "state.json"
+    assert state_main(["--smoke", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["superlink_state"]
+    assert result["nodes"] == 20
+    for key in ("heartbeat_ms", "idle_pull_ms", "key_lookup_ms", "verify_signature_ms", "list_online_ms"):
+        assert result[key] > 0, key
+    assert result["db_bytes_per_node"] > 0

@@ -308,3 +308,26 @@ def test_replacing_a_built_messages_arrays_replaces_its_held_records() -> None:
     assert HELD not in content and ORDER not in content
     assert digests(content[CACHE]) == {"x": array_digest(x)}  # type: ignore[arg-type]
     assert list(content[ARRAYS]) == ["x"]  # type: ignore[arg-type]
+
+
+class SilentGrid:
+    """Accepts every message, never answers."""
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        return [f"m{i}" for i, _ in enumerate(messages)]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        return []
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_what_was_kept_for_an_unanswered_message_is_dropped() -> None:
+    held = HeldArrays(min_bytes=0)
+    emb = _array([1.0, 2.0])
+    held.holds[5] = {"emb": array_digest(emb)}
+    arrays = ArrayRecord({"emb": emb, "w": _array([3.0])})
+    msg = Message(RecordDict({ARRAYS: arrays, **held.prepare(5, arrays)}), dst_node_id=5, message_type="train")
+    assert held._left_out  # kept to resend the message whole if the node lost "emb"
+    grid = HeldArraysGrid(SilentGrid(), held, poll_interval=0.0)  # type: ignore[arg-type]
+    assert list(grid.send_and_receive([msg], timeout=0.0)) == []
+    assert not held._left_out and not grid._pushed
