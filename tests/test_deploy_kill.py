@@ -70,14 +70,15 @@ def test_killed_supernode_is_reported_skipped_and_rejoins(tmp_path: Path) -> Non
         killed = node_ids(cluster.log("supernode-weak"))[-1]
         run = submit_run(cluster, "loopback", run_config=cfg, results_dir=results, run_name="kill")
 
-        # mid-round: round 1's train message is being processed by a ClientApp of the weak node
-        cluster.wait_log("run", r"configure_train: 3 nodes sampled", 240)
+        # mid-round: the weak node has just received round 1's train message (its own log says so;
+        # the run's streamed log comes seconds later, by when a node with short idle waits may have
+        # answered already), and a ClientApp is processing it
+        cluster.wait_log("supernode-weak", r"Receiving: train message", 240)
         weak = cluster.procs["supernode-weak"].pid
-        handshake = set(clientapp_pids(weak))  # a query ClientApp may still be exiting
         deadline = time.time() + 60
-        while not set(clientapp_pids(weak)) - handshake:
+        while not clientapp_pids(weak):
             assert time.time() < deadline, "the weak SuperNode never started a ClientApp for round 1\n" + cluster.logs()
-            time.sleep(0.1)
+            time.sleep(0.05)
         cluster.kill("supernode-weak")
         killed_at = time.time()
 
