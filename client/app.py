@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from client.held import held_arrays_mod
 from client.pfedknow import pfedknow_train
 from client.profile import DeviceProfile, cgroup_memory_limit_mb, device_profile, node_config_int
+from client.resident import task_started
 from experiment.config import RunConfig
 from experiment.protocol import (
     ARRAYS,
@@ -211,8 +212,15 @@ def in_simulation_actor() -> bool:
 
 
 def startup_seconds() -> float | None:
-    """:func:`process_age` where it measures a message's start-up, ``None`` in a simulation actor."""
-    return None if in_simulation_actor() else process_age()
+    """Seconds from the message's task start to now; ``None`` in a simulation actor.
+
+    In a resident ClientApp worker (:mod:`client.resident`) since it took the task, else
+    :func:`process_age` (a one-shot process starts with its task).
+    """
+    if in_simulation_actor():
+        return None
+    started = task_started()
+    return process_age() if started is None else max(0.0, time.monotonic() - started)
 
 
 def _age_note(startup: float | None) -> str:

@@ -45,6 +45,7 @@ Use it where ``flower-superexec`` would be used: ``--isolation process`` with
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -54,6 +55,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from logging import INFO, WARNING
 from pathlib import Path
@@ -186,8 +188,8 @@ def _set_process_name(name: bytes) -> None:
         pass
 
 
-def _run_child(spec: ChildSpec) -> int:
-    """Body of a forked child: Flower's ``flwr-clientapp`` for one task; returns its exit code."""
+def _become_child(spec: ChildSpec) -> None:
+    """Turn a fresh fork of the zygote into a ClientApp process: signals, stdio, name, generators."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _set_process_name(b"flwr-clientapp")
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -201,6 +203,11 @@ def _run_child(spec: ChildSpec) -> int:
 
     np.random.seed(int.from_bytes(os.urandom(4), "little"))
     sys.argv = ["flwr-clientapp", "--runtime-api-address", spec.runtime_api_address, "--token", "***"]
+
+
+def _run_child(spec: ChildSpec) -> int:
+    """Body of a forked one-shot child: Flower's ``flwr-clientapp`` for one task; returns its exit code."""
+    _become_child(spec)
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
@@ -222,13 +229,153 @@ def _run_child(spec: ChildSpec) -> int:
     return 0
 
 
+def _serve_resident(first: ChildSpec, tasks_fd: int, done_fd: int) -> int:
+    """Body of the resident worker (:mod:`client.resident`): run each task line read from ``tasks_fd``.
+
+    Writes ``done`` to ``done_fd`` after every task; returns when the zygote closes the pipe.
+    """
+    _become_child(first)
+    from flwr.common import log
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime import run_clientapp as flower
+
+    import client.resident as resident
+
+    forget_project_modules(sys.modules)  # the ClientApp imports the project from its FAB
+
+    def note(text: str) -> None:
+        log(INFO, "[client.resident] %d: %s", os.getpid(), text)
+
+    scope = resident.RunScope(forget=forget_project_modules)
+    flower.flwr_exit = resident.end_task  # Flower's exit would end the worker
+    flower.get_load_client_app_fn = resident.scoped_loader_factory(scope, flower.get_load_client_app_fn, note)
+    clock = resident.PhaseClock()
+    clock.wrap(flower, resident.TIMED_STEPS)
+    quick_pull_retries(*pull_backoff())
+    monitoring = False
+    served = 0
+    with os.fdopen(tasks_fd, "rb") as tasks:
+        for line in iter(tasks.readline, b""):
+            spec = ChildSpec.from_line(line)
+            os.environ[resident.TASK_STARTED_ENV] = repr(time.monotonic())
+            started = time.perf_counter()
+            code = 0
+            try:
+                flower.run_clientapp(
+                    runtime_api_address=spec.runtime_api_address,
+                    token=spec.token,
+                    insecure=spec.insecure,
+                    certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+                    parent_pid=None if monitoring else spec.parent_pid,  # one monitor for the worker's life
+                    runtime_dependency_install=spec.runtime_dependency_install,
+                )
+            except resident.TaskEnded as ended:
+                code = ended.code
+            except Exception as exc:
+                note(f"task failed outside the ClientApp: {exc!r}")
+                resident.finish_task()  # its status is still pushed, and nothing of it reaches the next task
+                code = 1
+            monitoring = True
+            served += 1
+            os.environ.pop(resident.TASK_STARTED_ENV, None)
+            seconds = time.perf_counter() - started
+            steps = ", ".join(f"{name} {value:.2f} s" for name, value in clock.take().items())
+            note(f"task {served} ended (code {code}) in {seconds:.2f} s; rss {resident.rss_mb():.0f} MB ({steps})")
+            os.write(done_fd, b"done\n")
+    return 0
+
+
+@dataclass
+class _Worker:
+    """The zygote's handle on its resident worker: pid, task pipe, done pipe, tasks not yet done."""
+
+    pid: int
+    tasks_fd: int
+    done_fd: int
+    outstanding: int = 0
+
+    def idle(self) -> bool | None:
+        """``True`` idle, ``False`` busy, ``None`` gone (its done pipe closed); never blocks."""
+        while True:
+            try:
+                chunk = os.read(self.done_fd, 4096)
+            except BlockingIOError:
+                return self.outstanding == 0
+            if not chunk:
+                return None
+            self.outstanding = max(0, self.outstanding - chunk.count(b"done"))
+
+    def send(self, line: bytes) -> bool:
+        """Hand the worker a task line; ``False`` if its pipe is closed."""
+        try:
+            os.write(self.tasks_fd, line)
+        except OSError:
+            return False
+        self.outstanding += 1
+        return True
+
+    def close(self) -> None:
+        for fd in (self.tasks_fd, self.done_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _fork_worker(spec: ChildSpec) -> _Worker | None:
+    """Fork the resident worker (its first task is ``spec``); ``None`` if the fork failed."""
+    tasks_r, tasks_w = os.pipe()
+    done_r, done_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (tasks_r, tasks_w, done_r, done_w):
+            os.close(fd)
+        return None
+    if pid == 0:
+        code = 1
+        try:
+            os.close(tasks_w)
+            os.close(done_r)
+            code = _serve_resident(spec, tasks_r, done_w)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(tasks_r)
+    os.close(done_w)
+    os.set_blocking(done_r, False)
+    worker = _Worker(pid=pid, tasks_fd=tasks_w, done_fd=done_r)
+    return worker if worker.send(spec.to_line()) else None
+
+
+def _fork_one_shot(spec: ChildSpec, inherited: _Worker | None) -> None:
+    """Fork a child that runs ``spec`` and exits (the resident worker's pipes closed in it)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if inherited is not None:
+                inherited.close()
+            code = _run_child(spec)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
 def zygote(stdin: IO[bytes] | None = None, ready_fd: int | None = None) -> int:
-    """Preload, then fork one child per launch request line read from ``stdin``; exit on EOF.
+    """Preload, then run each launch request line read from ``stdin``; exit on EOF.
+
+    A request goes to the resident worker (:mod:`client.resident`; forked at the first request,
+    again if it died) when it is idle, else to a one-shot fork; with
+    ``HETFL_RESIDENT_CLIENTAPP=0`` every request gets a one-shot fork.
 
     After the preload it writes ``ready`` to ``ready_fd`` (and closes it, so no child inherits it).
     """
     from flwr.common import log
 
+    from client.resident import enabled as resident_on  # (forgotten with the project below)
+
+    resident_enabled = resident_on()
     for module in preload_modules():
         try:
             __import__(module)
@@ -241,6 +388,7 @@ def zygote(stdin: IO[bytes] | None = None, ready_fd: int | None = None) -> int:
         os.write(ready_fd, b"ready\n")
         os.close(ready_fd)
     signal.signal(signal.SIGCHLD, _reap)
+    worker: _Worker | None = None
     stream = stdin if stdin is not None else sys.stdin.buffer
     for line in iter(stream.readline, b""):
         try:
@@ -248,15 +396,20 @@ def zygote(stdin: IO[bytes] | None = None, ready_fd: int | None = None) -> int:
         except ValueError as exc:
             log(WARNING, "[client.warm] ignored a malformed launch request: %s", exc)
             continue
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _run_child(spec)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        if resident_enabled:
+            state = worker.idle() if worker is not None else None
+            if state is None:
+                if worker is not None:
+                    log(WARNING, "[client.warm] the resident worker %d is gone; forking a new one", worker.pid)
+                    worker.close()
+                worker = _fork_worker(spec)
+                if worker is not None:
+                    continue
+            elif state and worker is not None and worker.send(line):
+                continue
+        _fork_one_shot(spec, worker)
+    if worker is not None:
+        worker.close()
     return 0
 
 

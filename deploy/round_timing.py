@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -47,11 +48,18 @@ def import_seconds(module: str = "client.app", repeats: int = 2) -> float:
 #: The environment of each mode (what the launcher's processes read).
 MODES: dict[str, dict[str, str]] = {
     "sim": {},
-    "warm": {"HETFL_WARM_EXECUTOR": "1"},
-    "warm-idle3": {"HETFL_WARM_EXECUTOR": "1", "HETFL_SUPERNODE_IDLE_S": "3", "HETFL_PULL_BACKOFF_S": "1,10"},
-    "cold": {"HETFL_WARM_EXECUTOR": "0"},
+    "warm": {"HETFL_WARM_EXECUTOR": "1", "HETFL_RESIDENT_CLIENTAPP": "1"},
+    "warm-fork": {"HETFL_WARM_EXECUTOR": "1", "HETFL_RESIDENT_CLIENTAPP": "0"},
+    "warm-idle3": {
+        "HETFL_WARM_EXECUTOR": "1",
+        "HETFL_RESIDENT_CLIENTAPP": "1",
+        "HETFL_SUPERNODE_IDLE_S": "3",
+        "HETFL_PULL_BACKOFF_S": "1,10",
+    },
+    "cold": {"HETFL_WARM_EXECUTOR": "0", "HETFL_RESIDENT_CLIENTAPP": "0"},
     "flower": {
         "HETFL_WARM_EXECUTOR": "0",
+        "HETFL_RESIDENT_CLIENTAPP": "0",
         "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0",
         "HETFL_REPLY_POLL_S": "3",
         "HETFL_SUPERNODE_IDLE_S": "3",
@@ -60,12 +68,28 @@ MODES: dict[str, dict[str, str]] = {
 }
 
 
+#: A resident worker's line after each task (client/warm.py): pid, task count, code, seconds, resident set.
+RESIDENT_LINE = re.compile(r"\[client\.resident\] (\d+): task (\d+) ended \(code -?\d+\) in [\d.]+ s; rss (\d+) MB")
+
+
+def resident_rss(log_dir: Path, tiers: Sequence[str] = ("weak", "medium", "strong")) -> dict[str, list[int]]:
+    """Per tier, the resident worker's resident set (MB) after each task, from ``supernode-<tier>.log``."""
+    out: dict[str, list[int]] = {}
+    for tier in tiers:
+        log = log_dir / f"supernode-{tier}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        out[tier] = [int(m.group(3)) for m in RESIDENT_LINE.finditer(text)]
+    return out
+
+
 def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[str, float]] | None:
     """One run in ``mode``; per round after the first: seconds, slowest training, slowest start-up.
 
     Modes (:data:`MODES`): ``sim`` (the same run as a Ray simulation with 3 virtual clients: the
     baseline the fixed overhead is measured against), ``warm`` (the launcher's defaults: warm
-    SuperExec, short polls, SuperNodes through :mod:`client.supernode`), ``warm-idle3`` (warm,
+    SuperExec with a resident ClientApp worker per node (:mod:`client.resident`), short polls,
+    SuperNodes through :mod:`client.supernode`), ``warm-fork`` (warm, but a fresh fork of the
+    zygote per message, no resident worker), ``warm-idle3`` (warm,
     but the SuperNode's idle wait and object-pull backoff as Flower's: 3 s, 1-10 s), ``cold`` (a
     fresh ``flwr-clientapp`` process per message, short polls), ``flower`` (cold and every wait
     as Flower's: SuperExec poll 1 s, reply polling 3 s, SuperNode idle 3 s, pull backoff 1-10 s).
@@ -98,6 +122,10 @@ def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[
         return None
     rows = [json.loads(x) for x in (outcome.results / "rounds.jsonl").read_text().splitlines() if x.strip()]
     print(f"[{mode}] whole run {time.perf_counter() - t0:.1f} s (cluster start, {rounds} rounds, shutdown)")
+    if mode != "sim":
+        for tier, rss in resident_rss(out / mode / "logs").items():
+            if rss:
+                print(f"[{mode}] {tier} resident ClientApp worker after each task: {rss} MB (max {max(rss)})")
     return [
         {
             "round": r["round"],

@@ -40,5 +40,8 @@ def test_loopback_deployment_one_round_each_node_gets_its_tier(tmp_path: Path) -
         # its ClientApps (query, train, evaluate) were forked from one warm SuperExec zygote
         node_log = (tmp_path / "loopback" / "logs" / f"supernode-{tier}.log").read_text(errors="replace")
         assert len(re.findall(r"\[client\.warm\] zygote \d+ ready", node_log)) == 1, node_log[-3000:]
+        # and one resident worker ran them in turn (query, train, evaluate: caches kept between them)
+        served = re.findall(r"\[client\.resident\] (\d+): task (\d+) ended \(code 0\)", node_log)
+        assert len({pid for pid, _ in served}) == 1 and len(served) >= 2, node_log[-3000:]
         assert "trained" in node_log and "evaluated on" in node_log, node_log[-3000:]
         assert tiers[tier]["startup-seconds"] >= 0.0

@@ -92,7 +92,7 @@ ZYGOTE = textwrap.dedent(
 
 
 def test_zygote_forks_one_child_per_request_skips_malformed_and_exits_on_eof(tmp_path: Path) -> None:
-    env = {**os.environ, "OUT": str(tmp_path), "HETFL_WARM_PRELOAD": "json"}
+    env = {**os.environ, "OUT": str(tmp_path), "HETFL_WARM_PRELOAD": "json", "HETFL_RESIDENT_CLIENTAPP": "0"}
     proc = subprocess.Popen(
         [sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         cwd=Path(__file__).resolve().parent.parent,
@@ -192,3 +192,152 @@ def test_message_pulls_retry_with_the_short_backoff(monkeypatch: pytest.MonkeyPa
     assert set(tries) == set(objects) and all(n == 3 for n in tries.values())
     w = got["arrays"]["w"].numpy()  # type: ignore[union-attr]
     assert w.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+# --------------------------------------------------------------------------- the resident worker
+
+RESIDENT_ZYGOTE = textwrap.dedent(
+    """
+    import os, sys, time
+    import client.warm as w
+
+    def record(token, kind):
+        with open(os.path.join(os.environ["OUT"], token), "w") as f:
+            f.write(f"{kind} {os.getpid()}")
+
+    def serve(first, tasks_fd, done_fd):
+        with os.fdopen(tasks_fd, "rb") as tasks:
+            for line in iter(tasks.readline, b""):
+                token = w.ChildSpec.from_line(line).token
+                if token.startswith("die"):
+                    record(token, "resident")
+                    os._exit(3)
+                if token.startswith("slow"):
+                    time.sleep(2.0)
+                record(token, "resident")
+                os.write(done_fd, b"done\\n")
+        return 0
+
+    def one_shot(spec):
+        record(spec.token, "one-shot")
+        return 0
+
+    w._serve_resident = serve
+    w._run_child = one_shot
+    sys.exit(w.zygote())
+    """
+)
+
+
+def _wait_for(path: Path, seconds: float = 30.0) -> list[str]:
+    deadline = time.time() + seconds
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.05)
+    return path.read_text().split()
+
+
+def test_the_resident_worker_takes_tasks_while_idle_one_shots_cover_it_while_busy_and_a_dead_one_is_replaced(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "OUT": str(tmp_path), "HETFL_WARM_PRELOAD": "json", "HETFL_RESIDENT_CLIENTAPP": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESIDENT_ZYGOTE], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert proc.stdin is not None
+
+    def send(token: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(ChildSpec(**{**SPEC.__dict__, "token": token}).to_line())
+        proc.stdin.flush()
+
+    send("slow-a")  # forks the resident worker, which sleeps on it
+    time.sleep(0.5)
+    send("b")  # the worker is busy: a one-shot fork
+    kind_a, worker = _wait_for(tmp_path / "slow-a")
+    kind_b, one_shot = _wait_for(tmp_path / "b")
+    assert (kind_a, kind_b) == ("resident", "one-shot") and worker != one_shot
+    time.sleep(0.3)
+    send("c")  # idle again: the same worker
+    assert _wait_for(tmp_path / "c") == ["resident", worker]
+    send("die")  # the worker dies on it
+    assert _wait_for(tmp_path / "die") == ["resident", worker]
+    time.sleep(0.3)
+    send("d")  # a new worker
+    kind_d, new_worker = _wait_for(tmp_path / "d")
+    assert kind_d == "resident" and new_worker != worker
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+    assert proc.stderr is not None
+    assert b"resident worker" in proc.stderr.read()
+
+
+def test_with_the_resident_worker_off_every_task_is_a_one_shot(tmp_path: Path) -> None:
+    env = {**os.environ, "OUT": str(tmp_path), "HETFL_WARM_PRELOAD": "json", "HETFL_RESIDENT_CLIENTAPP": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESIDENT_ZYGOTE], stdin=subprocess.PIPE, env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    for token in ("a", "b"):
+        proc.stdin.write(ChildSpec(**{**SPEC.__dict__, "token": token}).to_line())
+        proc.stdin.flush()
+        assert _wait_for(tmp_path / token)[0] == "one-shot"
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+
+
+SERVE = textwrap.dedent(
+    """
+    import json, os, sys
+    import client.warm as w
+    import flwr.supernode.runtime.run_clientapp as flower
+    from flwr.supercore.exit.exit_handler import add_exit_handler
+
+    calls = []
+
+    def run_clientapp(**kwargs):
+        token = kwargs["token"]
+        add_exit_handler(lambda: calls.append(("pushed", token)))  # Flower pushes the task's status here
+        calls.append(("ran", token, kwargs["parent_pid"], os.environ.get("HETFL_TASK_STARTED") is not None))
+        if token == "raises":
+            raise RuntimeError("outside the ClientApp")
+        flower.flwr_exit(0 if token != "fails" else 110)
+        calls.append(("not reached", token))
+
+    flower.run_clientapp = run_clientapp
+    tasks_r, tasks_w = os.pipe()
+    done_r, done_w = os.pipe()
+    first = w.ChildSpec.from_line(sys.argv[1].encode())
+    for token in ("t1", "fails", "raises", "t4"):
+        os.write(tasks_w, w.ChildSpec(**{**first.__dict__, "token": token}).to_line())
+    os.close(tasks_w)
+    code = w._serve_resident(first, tasks_r, done_w)
+    os.close(done_w)
+    done = os.read(done_r, 4096).count(b"done")
+    print(json.dumps({"code": code, "done": done, "calls": calls, "env": os.environ.get("HETFL_TASK_STARTED")}))
+    """
+)
+
+
+def test_the_resident_worker_runs_each_task_through_flower_to_its_exit_handlers_and_carries_on() -> None:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", SERVE, SPEC.to_line().decode().strip()], capture_output=True, check=True,
+        cwd=Path(__file__).resolve().parent.parent, timeout=120,
+    )  # fmt: skip
+    result = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    assert result["code"] == 0 and result["done"] == 4 and result["env"] is None
+    calls = [tuple(c) for c in result["calls"]]
+    # each task ran, its exit handlers ran (the status push), Flower's exit did not end the worker;
+    # the parent-process monitor is asked for once, by the first task
+    assert calls == [
+        ("ran", "t1", SPEC.parent_pid, True), ("pushed", "t1"),
+        ("ran", "fails", None, True), ("pushed", "fails"),
+        ("ran", "raises", None, True), ("pushed", "raises"),
+        ("ran", "t4", None, True), ("pushed", "t4"),
+    ]  # fmt: skip
+    assert b"task 2 ended (code 110)" in out.stderr + out.stdout
+    assert b"task 3 ended (code 1)" in out.stderr + out.stdout
