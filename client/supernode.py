@@ -21,6 +21,7 @@ process only.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -69,6 +70,32 @@ def shorten_waits(idle: float, backoff: tuple[float, float]) -> None:
 
     vars(supernode)["time"] = CappedSleepTime(idle)  # the module-level name its loop sleeps through
     quick_pull_retries(*backoff, module=supernode)
+    log_pull_times(supernode)
+
+
+def log_pull_times(module: Any) -> None:
+    """Log how many objects each of ``module.pull_objects``'s calls fetched, and in how many seconds.
+
+    The SuperNode pulls a message's objects (one gRPC call per array, record and the message
+    itself) from the SuperLink after it has created the ClientApp's task, so this is the part of
+    a message's start-up spent on the link (``[client.supernode] pulled N objects ... in S s``).
+    """
+    from logging import INFO
+
+    from flwr.common import log
+
+    pull = module.pull_objects
+
+    @functools.wraps(pull)
+    def pull_objects(object_ids: list[str], pull_object_fn: Any, **kwargs: Any) -> dict[str, bytes]:
+        started = time.perf_counter()
+        out: dict[str, bytes] = pull(object_ids, pull_object_fn, **kwargs)
+        size = sum(len(v) for v in out.values())
+        seconds = time.perf_counter() - started
+        log(INFO, "[client.supernode] pulled %d objects (%.2f MB) in %.2f s", len(out), size / 1e6, seconds)
+        return out
+
+    module.pull_objects = pull_objects
 
 
 def main(argv: list[str] | None = None) -> int:
