@@ -23,6 +23,8 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message
 from flwr.common import log
 
 from experiment.held import (
+    BUNDLE,
+    BUNDLE_ARRAY,
     CACHE,
     HELD,
     HELD_MISSING_CODE,
@@ -30,7 +32,9 @@ from experiment.held import (
     HOLDS,
     ORDER,
     array_digest,
+    bundle_arrays,
     digest_record,
+    pop_bundle,
     pop_digests,
     pop_order,
 )
@@ -110,14 +114,15 @@ def store_for(context: Context) -> ArrayStore | None:
 
 
 def held_arrays_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Put held arrays back into the message, keep the marked ones, say what the node holds.
+    """Unbundle the message, put held arrays back, keep the marked ones; say what the node holds, bundle the reply.
 
     Runs before every handler (``ClientApp(mods=[...])``), so handlers always see whole messages.
     A left-out array the store lacks is answered with the error :data:`HELD_MISSING_CODE`
     (the server then sends the message again in full).
     """
-    if msg.has_error() or (HELD not in msg.content and CACHE not in msg.content):
+    if msg.has_error() or not any(key in msg.content for key in (HELD, CACHE, BUNDLE)):
         return call_next(msg, context)
+    pop_bundle(msg.content, ARRAYS)
     held, cache, order = pop_digests(msg.content, HELD), pop_digests(msg.content, CACHE), pop_order(msg.content)
     store = store_for(context)
     arrays = msg.content.get(ARRAYS)
@@ -151,6 +156,13 @@ def held_arrays_mod(msg: Message, context: Context, call_next: Callable[[Message
     if held:
         log(INFO, "restored %d held array(s) from %s", len(held), store.root if store is not None else "-")
     reply = call_next(msg, context)
-    if holds and not reply.has_error():
+    if reply.has_error():
+        return reply
+    if holds:
         reply.content[HOLDS] = digest_record(holds)
+    sent = reply.content.get(ARRAYS)
+    if isinstance(sent, ArrayRecord) and len(sent) >= 2:  # the server unbundles (it spoke the protocol)
+        bundle, layout = bundle_arrays(dict(sent.items()))
+        reply.content[ARRAYS] = ArrayRecord({BUNDLE_ARRAY: bundle})
+        reply.content[BUNDLE] = layout
     return reply

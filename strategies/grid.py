@@ -20,6 +20,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from experiment.held import (
+    BUNDLE,
+    BUNDLE_ARRAY,
     CACHE,
     HELD,
     HELD_MISSING_CODE,
@@ -27,7 +29,9 @@ from experiment.held import (
     MIN_HELD_BYTES,
     ORDER,
     array_digest,
+    bundle_arrays,
     digest_record,
+    pop_bundle,
     pop_digests,
     pop_order,
     split_held,
@@ -98,6 +102,7 @@ class HeldArrays:
         self.holds: dict[int, dict[str, str]] = {}
         self._digests: dict[int, tuple[Array, str]] = {}
         self._left_out: dict[int, tuple[ArrayRecord, dict[str, Array]]] = {}
+        self._bundles: dict[tuple[tuple[str, int], ...], tuple[list[Array], Array, ConfigRecord]] = {}
 
     def _digest(self, array: Array) -> str:
         hit = self._digests.get(id(array))
@@ -119,17 +124,35 @@ class HeldArrays:
         The returned dict has :data:`HELD` (arrays left out) and/or :data:`CACHE` (arrays to keep).
         """
         present = self.keepable(arrays)
-        if not present:
-            return {}
-        held, cache = split_held(present, self.holds.get(node_id, {}))
-        order = list(arrays.keys())
-        left_out = {n: arrays[n] for n in held}
-        for n in held:
-            del arrays[n]
-        if left_out:
-            self._left_out[id(arrays)] = (arrays, left_out)
-        records = {HELD: digest_record(held), ORDER: ConfigRecord({"names": order})} if held else {}
-        return records | ({CACHE: digest_record(cache)} if cache else {})
+        records: dict[str, ConfigRecord] = {}
+        if present:
+            held, cache = split_held(present, self.holds.get(node_id, {}))
+            order = list(arrays.keys())
+            left_out = {n: arrays[n] for n in held}
+            for n in held:
+                del arrays[n]
+            if left_out:
+                self._left_out[id(arrays)] = (arrays, left_out)
+            records = {HELD: digest_record(held), ORDER: ConfigRecord({"names": order})} if held else {}
+            records |= {CACHE: digest_record(cache)} if cache else {}
+        if len(arrays) >= 2:  # what is still sent travels as one array (two objects, not two per array)
+            bundle, layout = self._bundle(arrays)
+            for n in list(arrays.keys()):
+                del arrays[n]
+            arrays[BUNDLE_ARRAY] = bundle
+            records[BUNDLE] = layout
+        return records
+
+    def _bundle(self, arrays: ArrayRecord) -> tuple[Array, ConfigRecord]:
+        """:func:`bundle_arrays`, reused for a message with the same ``Array`` objects (nodes of one variant)."""
+        parts = list(arrays.items())
+        key = tuple((name, id(array)) for name, array in parts)
+        hit = self._bundles.get(key)
+        if hit is None:
+            if len(self._bundles) >= 64:  # bundles of earlier rounds: forget them
+                self._bundles = {}
+            hit = self._bundles[key] = ([a for _, a in parts], *bundle_arrays(dict(parts)))
+        return hit[1], ConfigRecord(dict(hit[2]))
 
     def replace_arrays(self, node_id: int, content: RecordDict, arrays: ArrayRecord) -> None:
         """Make ``arrays`` the :data:`ARRAYS` record of ``content``, a message to ``node_id`` built before.
@@ -140,7 +163,7 @@ class HeldArrays:
         old = content.get(ARRAYS)
         if isinstance(old, ArrayRecord):
             self._left_out.pop(id(old), None)
-        for key in (HELD, CACHE, ORDER):
+        for key in (HELD, CACHE, ORDER, BUNDLE):
             if key in content:
                 del content[key]
         content[ARRAYS] = arrays
@@ -148,27 +171,36 @@ class HeldArrays:
             content[key] = record
 
     def received(self, reply: Message) -> None:
-        """Record what the reply's node says it holds (and remove that record from the reply)."""
+        """Record what the reply's node says it holds; unbundle its arrays (both records removed, in place).
+
+        A malformed bundle is logged and left in the reply, whose validation then rejects it.
+        """
         if reply.has_error():
             return
+        node = reply.metadata.src_node_id
+        try:
+            pop_bundle(reply.content, ARRAYS)
+        except ValueError as exc:
+            log(WARNING, "node %d: its reply's arrays do not unbundle: %s", node, exc)
         try:
             holds = pop_digests(reply.content, HOLDS)
         except ValueError as exc:
-            log(WARNING, "node %d: ignored its %r record: %s", reply.metadata.src_node_id, HOLDS, exc)
+            log(WARNING, "node %d: ignored its %r record: %s", node, HOLDS, exc)
             return
         if holds:
-            self.holds.setdefault(reply.metadata.src_node_id, {}).update(holds)
+            self.holds.setdefault(node, {}).update(holds)
 
     def whole(self, sent: Message) -> Message:
         """``sent`` again with every array it left out, marked for keeping; its node holds nothing now."""
         node = sent.metadata.dst_node_id
         self.holds.pop(node, None)
         content = RecordDict(dict(sent.content.items()))
+        _, left_out = self._left_out.get(id(content.get(ARRAYS)), (None, {}))
+        pop_bundle(content, ARRAYS)
         held, order = pop_digests(content, HELD), pop_order(content)
         arrays = content[ARRAYS]
         if not isinstance(arrays, ArrayRecord):
             raise TypeError(f"message to node {node} has no {ARRAYS!r} ArrayRecord")
-        _, left_out = self._left_out.get(id(arrays), (arrays, {}))
         every = dict(arrays.items()) | {name: left_out[name] for name in held}
         whole = ArrayRecord({name: every[name] for name in (order or every)})
         content[ARRAYS] = whole

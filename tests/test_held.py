@@ -14,15 +14,20 @@ import client.app as app
 from client.held import ArrayStore, held_arrays_mod
 from experiment.config import RunConfig
 from experiment.held import (
+    BUNDLE,
+    BUNDLE_ARRAY,
     CACHE,
     HELD,
     HELD_MISSING_CODE,
     HOLDS,
     ORDER,
     array_digest,
+    bundle_arrays,
     digest_record,
     digests,
+    pop_bundle,
     split_held,
+    unbundle_arrays,
 )
 from experiment.protocol import ARRAYS
 from server.app import build_strategy
@@ -102,6 +107,57 @@ def test_store_prunes_least_recently_used_first(tmp_path: Path) -> None:
     store.prune()
     kept = {p.stem for p in tmp_path.glob("*.array")}
     assert kept == {array_digest(arrays[0]), array_digest(arrays[2])}
+
+
+def test_bundled_arrays_come_back_bit_for_bit_in_their_order() -> None:
+    arrays = {
+        "w": Array(np.arange(6, dtype=np.float32).reshape(2, 3)),
+        "scalar": Array(np.asarray(2.5, dtype=np.float64)),
+        "ids": Array(np.asarray([7, 8, 9], dtype=np.int64)),
+        "empty": Array(np.zeros((0, 4), dtype=np.float32)),
+    }
+    bundle, layout = bundle_arrays(arrays)
+    assert (bundle.dtype, bundle.stype) == ("bytes", "bytes")
+    assert len(bundle.data) == sum(len(a.data) for a in arrays.values())
+    assert layout["ndims"] == [2, 0, 1, 2] and layout["dims"] == [2, 3, 3, 0, 4]
+    back = unbundle_arrays(bundle, layout)
+    assert list(back) == list(arrays)
+    for name, a in arrays.items():
+        b = back[name]
+        assert (b.dtype, tuple(b.shape), b.stype, bytes(b.data)) == (a.dtype, tuple(a.shape), a.stype, bytes(a.data))
+        assert np.array_equal(b.numpy(), a.numpy())
+    content = RecordDict({ARRAYS: ArrayRecord({BUNDLE_ARRAY: bundle}), BUNDLE: layout})
+    assert pop_bundle(content, ARRAYS) and BUNDLE not in content and list(content[ARRAYS]) == list(arrays)  # type: ignore[arg-type]
+    assert not pop_bundle(content, ARRAYS)  # nothing bundled: unchanged
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"sizes": [1]}, "differ in length"),
+        ({"sizes": [4, 4]}, "'sizes' add up to 8 bytes"),
+        ({"dims": [2]}, "'ndims' add up to 2 but 'dims' has 1"),
+        ({"names": ["a", "a"]}, "appears twice"),
+        ({"ndims": [1, -1]}, "non-negative integers"),
+        ({"dtypes": "float32"}, "list of strings"),
+    ],
+)
+def test_malformed_bundle_layouts_are_refused_naming_the_problem(change: dict[str, object], names: str) -> None:
+    bundle, layout = bundle_arrays({"a": _array([1.0]), "b": _array([2.0, 3.0])})
+    bad = ConfigRecord(dict(layout) | change)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=names):
+        unbundle_arrays(bundle, bad)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_reply_whose_bundle_does_not_unbundle_is_left_bundled_for_validation_to_reject() -> None:
+    bundle, layout = bundle_arrays({"a": _array([1.0]), "b": _array([2.0, 3.0])})
+    layout["sizes"] = [1, 1]
+    reply = Message(
+        RecordDict({ARRAYS: ArrayRecord({BUNDLE_ARRAY: bundle}), BUNDLE: layout}), dst_node_id=0, message_type="train"
+    )
+    HeldArrays().received(reply)
+    assert BUNDLE not in reply.content and list(reply.content[ARRAYS]) == [BUNDLE_ARRAY]  # type: ignore[arg-type]
 
 
 # --- the ClientApp mod --------------------------------------------------------------------------
@@ -194,6 +250,8 @@ class LoopGrid:
         self.run_config, self.nodes = dict(run_config), nodes
         self.replies: dict[str, Message] = {}
         self.pushed_bytes: list[int] = []
+        self.pushed_names: list[list[str]] = []  # array names of each train / evaluate message pushed
+        self.reply_names: list[list[str]] = []  # array names of each train reply as the node sent it
 
     def get_node_ids(self) -> list[int]:
         return list(range(1, self.nodes + 1))
@@ -206,8 +264,12 @@ class LoopGrid:
             arrays = msg.content.get(ARRAYS)
             if msg.metadata.message_type in ("train", "evaluate"):  # not the strategy's profile queries
                 self.pushed_bytes.append(record_nbytes(arrays) if isinstance(arrays, ArrayRecord) else 0)
+                self.pushed_names.append(list(arrays) if isinstance(arrays, ArrayRecord) else [])
             ctx = context(self.run_config, pid=msg.metadata.dst_node_id - 1, num=self.nodes)
             self.replies[msg_id] = app.app(_delivered(msg), ctx)
+            sent = self.replies[msg_id].content.get(ARRAYS) if not self.replies[msg_id].has_error() else None
+            if msg.metadata.message_type == "train" and isinstance(sent, ArrayRecord):
+                self.reply_names.append(list(sent))
             ids.append(msg_id)
         return ids
 
@@ -216,7 +278,7 @@ class LoopGrid:
 
 
 def _run(
-    rounds: int, *, store: Path, wipe_before: int | None = None, min_bytes: int | None = None
+    rounds: int, *, store: Path, wipe_before: int | None = None, min_bytes: int | None = None, grids: list | None = None
 ) -> tuple[HeterogeneousStrategy, list[dict[str, list[int]]]]:
     """``rounds`` rounds of train + federated evaluation on 3 nodes; bytes pushed per round and kind."""
     cfg = RunConfig.model_validate(RUN | {"fraction-evaluate": 1.0})
@@ -226,6 +288,8 @@ def _run(
     init = cfg.family().initial_states(cfg.catalog, seed=0)
     arrays = strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
     inner = LoopGrid(RUN, nodes=3)
+    if grids is not None:
+        grids.append(inner)
     grid = HeldArraysGrid(inner, strategy.held, poll_interval=0.0)  # type: ignore[arg-type]
     pushed: list[dict[str, list[int]]] = []
     for rnd in range(1, rounds + 1):
@@ -256,7 +320,12 @@ def test_each_array_reaches_a_node_once_and_the_model_is_unchanged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HETFL_HELD_ARRAYS_DIR", str(tmp_path / "store"))
-    strategy, pushed = _run(2, store=tmp_path / "store")
+    grids: list[LoopGrid] = []
+    strategy, pushed = _run(2, store=tmp_path / "store", grids=grids)
+    # what is sent travels bundled: round 2's training messages are one array (every weight matrix
+    # held), every training reply is one array however many the variant trains
+    assert grids[0].pushed_names[-6:-3] == [[BUNDLE_ARRAY]] * 3
+    assert grids[0].reply_names and all(names == [BUNDLE_ARRAY] for names in grids[0].reply_names)
     assert len(strategy.held.holds) == 3  # every node said it holds the (frozen) word embeddings
     assert all("bert.embeddings.word_embeddings.weight" in h for h in strategy.held.holds.values())
     first, second = pushed
