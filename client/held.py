@@ -122,7 +122,7 @@ def held_arrays_mod(msg: Message, context: Context, call_next: Callable[[Message
     """
     if msg.has_error() or not any(key in msg.content for key in (HELD, CACHE, BUNDLE)):
         return call_next(msg, context)
-    pop_bundle(msg.content, ARRAYS)
+    bundled = pop_bundle(msg.content, ARRAYS)
     held, cache, order = pop_digests(msg.content, HELD), pop_digests(msg.content, CACHE), pop_order(msg.content)
     store = store_for(context)
     arrays = msg.content.get(ARRAYS)
@@ -161,7 +161,7 @@ def held_arrays_mod(msg: Message, context: Context, call_next: Callable[[Message
     if holds:
         reply.content[HOLDS] = digest_record(holds)
     sent = reply.content.get(ARRAYS)
-    if isinstance(sent, ArrayRecord) and len(sent) >= 2:  # the server unbundles (it spoke the protocol)
+    if bundled and isinstance(sent, ArrayRecord):  # answered in kind: the server unbundles
         bundle, layout = bundle_arrays(dict(sent.items()))
         reply.content[ARRAYS] = ArrayRecord({BUNDLE_ARRAY: bundle})
         reply.content[BUNDLE] = layout

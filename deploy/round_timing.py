@@ -50,6 +50,7 @@ MODES: dict[str, dict[str, str]] = {
     "sim": {},
     "warm": {"HETFL_WARM_EXECUTOR": "1", "HETFL_RESIDENT_CLIENTAPP": "1"},
     "warm-fork": {"HETFL_WARM_EXECUTOR": "1", "HETFL_RESIDENT_CLIENTAPP": "0"},
+    "warm-unbundled": {"HETFL_WARM_EXECUTOR": "1", "HETFL_RESIDENT_CLIENTAPP": "1", "HETFL_BUNDLE_ARRAYS": "0"},
     "warm-pulls8": {
         "HETFL_WARM_EXECUTOR": "1",
         "HETFL_RESIDENT_CLIENTAPP": "1",
@@ -94,7 +95,8 @@ def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[
     baseline the fixed overhead is measured against), ``warm`` (the launcher's defaults: warm
     SuperExec with a resident ClientApp worker per node (:mod:`client.resident`), short polls,
     SuperNodes through :mod:`client.supernode`), ``warm-fork`` (warm, but a fresh fork of the
-    zygote per message, no resident worker), ``warm-pulls8`` (warm, 8 concurrent object pulls
+    zygote per message, no resident worker), ``warm-unbundled`` (warm, each array its own object:
+    ``HETFL_BUNDLE_ARRAYS=0``), ``warm-pulls8`` (warm, 8 concurrent object pulls
     where Flower makes 2: ``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS``), ``warm-idle3`` (warm,
     but the SuperNode's idle wait and object-pull backoff as Flower's: 3 s, 1-10 s), ``cold`` (a
     fresh ``flwr-clientapp`` process per message, short polls), ``flower`` (cold and every wait

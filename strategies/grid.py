@@ -10,6 +10,7 @@ whole in the same round.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from logging import WARNING
@@ -89,16 +90,28 @@ class PromptGrid(Grid):
         return replies
 
 
+#: ``0`` / ``off`` sends each array as its own object again (and the nodes answer in kind).
+BUNDLE_ENV = "HETFL_BUNDLE_ARRAYS"
+
+
+def bundling_enabled() -> bool:
+    """Whether messages' arrays are bundled (``HETFL_BUNDLE_ARRAYS`` not ``0``/``false``/``off``/``no``)."""
+    return os.environ.get(BUNDLE_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+
+
 class HeldArrays:
     """What each node holds (:mod:`experiment.held`), and the arrays left out of messages in flight.
 
     Arrays of at least ``min_bytes`` may be kept by a node.  Digests are computed once per
     ``Array`` object (the strategies reuse an unchanged tensor's ``Array``,
     :class:`strategies.records.ArrayCache`, and the same payload goes to every node of a variant).
+    With ``bundle`` (default: :func:`bundling_enabled`) the arrays a message still carries travel
+    as one (:func:`experiment.held.bundle_arrays`), and the node bundles its reply the same way.
     """
 
-    def __init__(self, min_bytes: int = MIN_HELD_BYTES) -> None:
+    def __init__(self, min_bytes: int = MIN_HELD_BYTES, *, bundle: bool | None = None) -> None:
         self.min_bytes = min_bytes
+        self.bundle = bundling_enabled() if bundle is None else bundle
         self.holds: dict[int, dict[str, str]] = {}
         self._digests: dict[int, tuple[Array, str]] = {}
         self._left_out: dict[int, tuple[ArrayRecord, dict[str, Array]]] = {}
@@ -135,7 +148,7 @@ class HeldArrays:
                 self._left_out[id(arrays)] = (arrays, left_out)
             records = {HELD: digest_record(held), ORDER: ConfigRecord({"names": order})} if held else {}
             records |= {CACHE: digest_record(cache)} if cache else {}
-        if len(arrays) >= 2:  # what is still sent travels as one array (two objects, not two per array)
+        if self.bundle:  # what is still sent travels as one array (two objects, not two per array)
             bundle, layout = self._bundle(arrays)
             for n in list(arrays.keys()):
                 del arrays[n]

@@ -149,6 +149,20 @@ def test_malformed_bundle_layouts_are_refused_naming_the_problem(change: dict[st
         unbundle_arrays(bundle, bad)
 
 
+def test_prepare_bundles_what_is_still_sent_even_nothing_and_not_when_switched_off() -> None:
+    emb, w = _array([1.0] * 2048), _array([2.0])
+    held = HeldArrays(bundle=True)
+    held.holds[5] = {"emb": array_digest(emb)}
+    arrays = ArrayRecord({"emb": emb, "w": w})
+    records = held.prepare(5, arrays)
+    assert list(arrays) == [BUNDLE_ARRAY] and records[BUNDLE]["names"] == ["w"]
+    assert records[ORDER]["names"] == ["emb", "w"] and HELD in records
+    nothing = ArrayRecord({"emb": emb})
+    assert held.prepare(5, nothing)[BUNDLE]["names"] == [] and len(nothing[BUNDLE_ARRAY].data) == 0
+    plain = ArrayRecord({"emb": emb, "w": w})
+    assert BUNDLE not in HeldArrays(bundle=False).prepare(5, plain) and list(plain) == ["emb", "w"]
+
+
 @pytest.mark.usefixtures("task_identity")
 def test_a_reply_whose_bundle_does_not_unbundle_is_left_bundled_for_validation_to_reject() -> None:
     bundle, layout = bundle_arrays({"a": _array([1.0]), "b": _array([2.0, 3.0])})
@@ -366,7 +380,7 @@ def test_a_node_that_lost_its_copy_gets_the_message_again_in_the_same_round(
 
 
 def test_replacing_a_built_messages_arrays_replaces_its_held_records() -> None:
-    held = HeldArrays(min_bytes=0)
+    held = HeldArrays(min_bytes=0, bundle=False)
     emb, w, x = _array([1.0, 2.0]), _array([3.0]), _array([4.0])
     held.holds[5] = {"emb": array_digest(emb)}
     arrays = ArrayRecord({"emb": emb, "w": w})
@@ -377,6 +391,12 @@ def test_replacing_a_built_messages_arrays_replaces_its_held_records() -> None:
     assert HELD not in content and ORDER not in content
     assert digests(content[CACHE]) == {"x": array_digest(x)}  # type: ignore[arg-type]
     assert list(content[ARRAYS]) == ["x"]  # type: ignore[arg-type]
+    bundling = HeldArrays(min_bytes=0, bundle=True)
+    arrays = ArrayRecord({"emb": emb, "w": w})
+    content = RecordDict({ARRAYS: arrays, **bundling.prepare(5, arrays)})
+    assert content[BUNDLE]["names"] == ["emb", "w"]  # type: ignore[index]
+    bundling.replace_arrays(5, content, ArrayRecord({"x": x}))
+    assert content[BUNDLE]["names"] == ["x"] and list(content[ARRAYS]) == [BUNDLE_ARRAY]  # type: ignore[index,arg-type]
 
 
 class SilentGrid:
