@@ -2,16 +2,17 @@
 
 Usage::
 
-    python -m deploy.round_timing [--rounds 5] [--modes sim,warm] [--out results/round-timing]
+    python -m deploy.round_timing [--rounds 5] [--modes sim,warm] [--model tiny|minilm] [--out DIR]
 
-Runs the tiny model (2 local steps, federated evaluation on every node) once per mode, on a
+Runs the tiny model (2 local steps, federated evaluation on every node; ``--model minilm``: the
+project's default MiniLM run, every node evaluating) once per mode, on a
 loopback cluster (one SuperLink, weak / medium / strong SuperNodes over gRPC) or, for ``sim``,
 as a Ray simulation of the same three clients, and prints, per round, the server-side wall time
 of the round (``seconds`` in ``rounds.jsonl``: from ``configure_train`` to the end of
 evaluation), the slowest ClientApp's training handler (``train-seconds``: rebuilding the
 variant, loading data, local steps), the slowest ClientApp's start-up (``startup-seconds``: age
-of its process when the train handler began -- process start or fork, imports, pulling the
-message, FAB) and the rest (evaluation messages, polling, transfers, the server's own work).
+of its process, or of its task in a resident worker, when the train handler began -- process
+start or fork, imports, pulling the message, FAB) and the rest (evaluation messages, polling, transfers, the server's own work).
 With ``sim`` among the modes it also prints each deployment mode's **fixed overhead**: the
 median round time of rounds 2..N minus the simulation's (issue 21's measure).  Modes:
 :data:`MODES`.  It also times the ClientApp module import alone.
@@ -88,7 +89,16 @@ def resident_rss(log_dir: Path, tiers: Sequence[str] = ("weak", "medium", "stron
     return out
 
 
-def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[str, float]] | None:
+#: ``--model``: the run config of each measured model (the rounds are added).
+MODELS: dict[str, str] = {
+    "tiny": f"{TINY} tier-memory-mb='{{budgets}}'",  # the deployment tests' run: 2 local steps
+    "minilm": "fraction-evaluate=1.0",  # the project's default run (MiniLM-L6, pyproject.toml)
+}
+
+
+def run_mode(
+    mode: str, *, rounds: int, out: Path, port_base: int, model: str = "tiny"
+) -> list[dict[str, float]] | None:
     """One run in ``mode``; per round after the first: seconds, slowest training, slowest start-up.
 
     Modes (:data:`MODES`): ``sim`` (the same run as a Ray simulation with 3 virtual clients: the
@@ -105,7 +115,8 @@ def run_mode(mode: str, *, rounds: int, out: Path, port_base: int) -> list[dict[
     env = MODES[mode]
     saved = {k: os.environ.get(k) for k in {k for m in MODES.values() for k in m}}
     os.environ.update(env)
-    run_config = f"{TINY} num-server-rounds={rounds} tier-memory-mb='{tiny_budgets()}'"
+    base = MODELS[model].replace("{budgets}", tiny_budgets()) if model == "tiny" else MODELS[model]
+    run_config = f"{base} num-server-rounds={rounds}"
     try:
         t0 = time.perf_counter()
         if mode == "sim":
@@ -149,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="tiny (default) or minilm")
     parser.add_argument("--modes", default="sim,warm", help=f"comma-separated: {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--port-base", type=int, default=19392)
@@ -156,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="round-timing-"))
     results: dict[str, list[dict[str, float]]] = {}
     for mode in args.modes.split(","):
-        rows = run_mode(mode.strip(), rounds=args.rounds, out=out, port_base=args.port_base)
+        rows = run_mode(mode.strip(), rounds=args.rounds, out=out, port_base=args.port_base, model=args.model)
         if rows is None:
             return 1
         results[mode.strip()] = rows
