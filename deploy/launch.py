@@ -199,9 +199,21 @@ def failure_reason(output: str) -> str | None:
     return found
 
 
-def _superlink_pids() -> set[int]:
+def _superlink_pids(home: Path) -> set[int]:
+    """SuperLinks whose command line names ``home`` (a simulation's own: its state and log live there).
+
+    Only those: a loopback cluster or another simulation running beside this one is not touched.
+    """
     out = subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True, text=True, check=False)
-    return {int(x) for x in out.stdout.split()}
+    pids = set()
+    for pid in (int(x) for x in out.stdout.split()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(home).encode() in cmdline or str(home.resolve()).encode() in cmdline:
+            pids.add(pid)
+    return pids
 
 
 def _stop(pids: Sequence[int] | set[int], grace: float = 10.0) -> None:
@@ -264,7 +276,7 @@ def run_simulation(
         resources += f" client-resources-num-gpus={gpus_per_client:g}"
     with file_lock(lock, what=f"flwr run {run_name}"), flower_home(flwr_home) as home:
         env = flower_env(home)
-        before = _superlink_pids()
+        before = _superlink_pids(home)
         cmd = [
             str(BIN / "flwr"), "run", str(ROOT), "--stream",
             "--federation-config", f"num-supernodes={supernodes} {resources}",
@@ -292,7 +304,7 @@ def run_simulation(
                     break
             code = proc.wait()
         finally:
-            _stop(_superlink_pids() - before)
+            _stop(_superlink_pids(home) - before)
             if log_file is not None:
                 log_file.close()
     return RunOutcome(code, results_dir / run_name, "".join(lines))

@@ -12,7 +12,8 @@ of the round (``seconds`` in ``rounds.jsonl``: from ``configure_train`` to the e
 evaluation), the slowest ClientApp's training handler (``train-seconds``: rebuilding the
 variant, loading data, local steps), the slowest ClientApp's start-up (``startup-seconds``: age
 of its process, or of its task in a resident worker, when the train handler began -- process
-start or fork, imports, pulling the message, FAB) and the rest (evaluation messages, polling, transfers, the server's own work).
+start or fork, imports, pulling the message, FAB) and the rest (evaluation messages, polling,
+transfers, the server's own work).
 With ``sim`` among the modes it also prints each deployment mode's **fixed overhead**: the
 median round time of rounds 2..N minus the simulation's (issue 21's measure).  Modes:
 :data:`MODES`.  It also times the ClientApp module import alone.

@@ -139,3 +139,18 @@ def test_default_lock_is_the_machine_wide_one() -> None:
     import inspect
 
     assert inspect.signature(launch.run_simulation).parameters["lock"].default == SIMULATION_LOCK
+
+
+def test_a_simulation_stops_only_the_superlinks_of_its_own_flower_home(tmp_path: Path) -> None:
+    """A loopback cluster's SuperLink (or another run's) started meanwhile is not stopped (found 2026-11-26:
+    a simulation ending beside ``deploy.round_timing`` killed the cluster's SuperLink)."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "flower-superlink", "--database"]
+    procs = [subprocess.Popen([*sleeper, str(home / "local-superlink" / "state.db")]) for home in (ours, theirs)]
+    try:
+        assert launch._superlink_pids(ours) == {procs[0].pid}
+        assert launch._superlink_pids(theirs) == {procs[1].pid}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
