@@ -98,7 +98,7 @@ MODELS: dict[str, str] = {
 
 
 def run_mode(
-    mode: str, *, rounds: int, out: Path, port_base: int, model: str = "tiny"
+    mode: str, *, rounds: int, out: Path, port_base: int, model: str = "tiny", extra: str = ""
 ) -> list[dict[str, float]] | None:
     """One run in ``mode``; per round after the first: seconds, slowest training, slowest start-up.
 
@@ -117,7 +117,7 @@ def run_mode(
     saved = {k: os.environ.get(k) for k in {k for m in MODES.values() for k in m}}
     os.environ.update(env)
     base = MODELS[model].replace("{budgets}", tiny_budgets()) if model == "tiny" else MODELS[model]
-    run_config = f"{base} num-server-rounds={rounds}"
+    run_config = f"{base} num-server-rounds={rounds} {extra}".strip()
     try:
         t0 = time.perf_counter()
         if mode == "sim":
@@ -162,6 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="tiny (default) or minilm")
+    parser.add_argument(
+        "--client-threads", type=int, default=None,
+        help="run config client-threads for every mode (a Ray actor with 1 CPU runs torch on 1 thread; "
+        "a ClientApp process on all cores unless this is set)",
+    )  # fmt: skip
     parser.add_argument("--modes", default="sim,warm", help=f"comma-separated: {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--port-base", type=int, default=19392)
@@ -169,7 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="round-timing-"))
     results: dict[str, list[dict[str, float]]] = {}
     for mode in args.modes.split(","):
-        rows = run_mode(mode.strip(), rounds=args.rounds, out=out, port_base=args.port_base, model=args.model)
+        extra = f"client-threads={args.client_threads}" if args.client_threads is not None else ""
+        rows = run_mode(
+            mode.strip(), rounds=args.rounds, out=out, port_base=args.port_base, model=args.model, extra=extra
+        )
         if rows is None:
             return 1
         results[mode.strip()] = rows
