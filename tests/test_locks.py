@@ -126,7 +126,7 @@ def test_run_simulation_holds_the_lock_for_the_whole_run(tmp_path: Path, monkeyp
     fake.write_text(f"#!{sys.executable}\n{PROBE}".replace("sys.argv[1]", repr(str(lock))))
     fake.chmod(0o755)
     monkeypatch.setattr(launch, "BIN", fake.parent)
-    monkeypatch.setattr(launch, "_superlink_pids", set)  # stop no real SuperLink from this test
+    monkeypatch.setattr(launch, "_superlink_pids", lambda home: set())  # stop no real SuperLink from this test
     outcome = launch.run_simulation(
         supernodes=1, run_config="", results_dir=tmp_path, run_name="probe", flwr_home=tmp_path / "home",
         echo=False, lock=lock,

@@ -46,12 +46,17 @@ def test_the_scoped_loader_scopes_before_flower_loads(monkeypatch: pytest.Monkey
 
     forget = Forget()
     scope = RunScope(forget=lambda modules: [])  # never touch this process's sys.modules
-    loads: list[tuple[str, str, str]] = []
+    loads: list[tuple[str, ...]] = []
     notes: list[str] = []
 
     def factory(default_app_ref: str, app_path: str | None, multi_app: bool) -> Any:
         assert (default_app_ref, app_path, multi_app) == ("", None, True)
-        return lambda *ids: loads.append(ids) or "app"
+
+        def load(*ids: str) -> str:
+            loads.append(ids)
+            return "app"
+
+        return load
 
     get = scoped_loader_factory(scope, factory, notes.append)
     monkeypatch.setattr(TaskIdentity, "_run_id", 5)

@@ -72,8 +72,9 @@ def run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round:
 
 
 def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round: int) -> Path:
-    env = flower_env(tmp_path / "flwr-home-killed")
-    before = _superlink_pids()
+    home = tmp_path / "flwr-home-killed"
+    env = flower_env(home)
+    before = _superlink_pids(home)
     cmd = [
         str(BIN / "flwr"), "run", str(ROOT), "--stream",
         "--federation-config", f"num-supernodes={SUPERNODES} client-resources-num-cpus=1",
@@ -90,7 +91,7 @@ def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round
                 pytest.fail(f"the run ended before round {after_round} was checkpointed")
             assert time.time() < deadline, "no checkpoint in time"
             time.sleep(0.02)
-        superlinks = _superlink_pids() - before
+        superlinks = _superlink_pids(home) - before
         tree = _descendants(superlinks)
         servers = [pid for pid in tree if "flwr-simulation" in _cmdline(pid)]
         assert servers, "no ServerApp (flwr-simulation) process found"
@@ -102,7 +103,7 @@ def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round
             proc.wait(timeout=20)
         if proc.poll() is None:
             proc.kill()
-        _stop(_superlink_pids() - before)
+        _stop(_superlink_pids(home) - before)
         for pid in tree:  # Ray's processes, should the kill have orphaned any
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
