@@ -52,6 +52,7 @@ from client.warm import enabled as warm_enabled
 from client.warm import shim_dir
 from deploy.console import RoundTail, run_warnings, verdict_lines
 from deploy.locks import SIMULATION_LOCK, file_lock
+from deploy.processes import stop_processes, superlink_pids
 from experiment.outputs import ROUNDS_FILE, SUMMARY_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,40 +200,6 @@ def failure_reason(output: str) -> str | None:
     return found
 
 
-def _superlink_pids(home: Path) -> set[int]:
-    """SuperLinks whose command line names ``home`` (a simulation's own: its state and log live there).
-
-    Only those: a loopback cluster or another simulation running beside this one is not touched.
-    """
-    out = subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True, text=True, check=False)
-    pids = set()
-    for pid in (int(x) for x in out.stdout.split()):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(home).encode() in cmdline or str(home.resolve()).encode() in cmdline:
-            pids.add(pid)
-    return pids
-
-
-def _stop(pids: Sequence[int] | set[int], grace: float = 10.0) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.time() + grace
-    for pid in pids:
-        while time.time() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 def check_gpus_per_client(gpus: float) -> None:
     """Fail fast on a GPU share Ray cannot give: negative, or above 0 without a CUDA GPU."""
     if not gpus >= 0:
@@ -276,7 +243,7 @@ def run_simulation(
         resources += f" client-resources-num-gpus={gpus_per_client:g}"
     with file_lock(lock, what=f"flwr run {run_name}"), flower_home(flwr_home) as home:
         env = flower_env(home)
-        before = _superlink_pids(home)
+        before = superlink_pids(home)
         cmd = [
             str(BIN / "flwr"), "run", str(ROOT), "--stream",
             "--federation-config", f"num-supernodes={supernodes} {resources}",
@@ -304,7 +271,7 @@ def run_simulation(
                     break
             code = proc.wait()
         finally:
-            _stop(_superlink_pids(home) - before)
+            stop_processes(superlink_pids(home) - before)
             if log_file is not None:
                 log_file.close()
     return RunOutcome(code, results_dir / run_name, "".join(lines))

@@ -116,6 +116,7 @@ class HeldArrays:
         self._digests: dict[int, tuple[Array, str]] = {}
         self._left_out: dict[int, tuple[ArrayRecord, dict[str, Array]]] = {}
         self._bundles: dict[tuple[tuple[str, int], ...], tuple[list[Array], Array, ConfigRecord]] = {}
+        self._unbundled: dict[int, ArrayRecord] = {}  # id of a pushed bundle record -> the record it replaced
 
     def _digest(self, array: Array) -> str:
         hit = self._digests.get(id(array))
@@ -148,13 +149,28 @@ class HeldArrays:
                 self._left_out[id(arrays)] = (arrays, left_out)
             records = {HELD: digest_record(held), ORDER: ConfigRecord({"names": order})} if held else {}
             records |= {CACHE: digest_record(cache)} if cache else {}
-        if self.bundle:  # what is still sent travels as one array (two objects, not two per array)
-            bundle, layout = self._bundle(arrays)
-            for n in list(arrays.keys()):
-                del arrays[n]
-            arrays[BUNDLE_ARRAY] = bundle
-            records[BUNDLE] = layout
         return records
+
+    def bundle_message(self, msg: Message) -> None:
+        """Make ``msg``'s arrays one bundle (in place, right before it is pushed), if bundling is on.
+
+        What is still sent after :meth:`prepare` travels as one array: two objects, not two per
+        array.  A message with an :data:`ARRAYS` record is always bundled (even an empty one) so
+        that the node, which answers in kind, bundles its reply.
+        """
+        arrays = msg.content.get(ARRAYS)
+        if not self.bundle or not isinstance(arrays, ArrayRecord) or BUNDLE in msg.content:
+            return
+        bundle, layout = self._bundle(arrays)
+        bundled = ArrayRecord({BUNDLE_ARRAY: bundle})
+        self._unbundled[id(bundled)] = arrays
+        msg.content[ARRAYS] = bundled
+        msg.content[BUNDLE] = layout
+
+    def _arrays_of(self, content: RecordDict) -> object:
+        """The :data:`ARRAYS` record of a pushed message's ``content`` as :meth:`prepare` left it."""
+        arrays = content.get(ARRAYS)
+        return self._unbundled.get(id(arrays), arrays)
 
     def _bundle(self, arrays: ArrayRecord) -> tuple[Array, ConfigRecord]:
         """:func:`bundle_arrays`, reused for a message with the same ``Array`` objects (nodes of one variant)."""
@@ -208,8 +224,12 @@ class HeldArrays:
         node = sent.metadata.dst_node_id
         self.holds.pop(node, None)
         content = RecordDict(dict(sent.content.items()))
-        _, left_out = self._left_out.get(id(content.get(ARRAYS)), (None, {}))
-        pop_bundle(content, ARRAYS)
+        original = self._arrays_of(content)
+        _, left_out = self._left_out.get(id(original), (None, {}))
+        if isinstance(original, ArrayRecord):
+            content[ARRAYS] = original
+        if BUNDLE in content:
+            del content[BUNDLE]
         held, order = pop_digests(content, HELD), pop_order(content)
         arrays = content[ARRAYS]
         if not isinstance(arrays, ArrayRecord):
@@ -224,7 +244,8 @@ class HeldArrays:
 
     def forget(self, sent: Message) -> None:
         """Drop what was kept to resend ``sent`` (its reply came)."""
-        self._left_out.pop(id(sent.content.get(ARRAYS)), None)
+        self._left_out.pop(id(self._arrays_of(sent.content)), None)
+        self._unbundled.pop(id(sent.content.get(ARRAYS)), None)
 
 
 class HeldArraysGrid(PromptGrid):
@@ -244,8 +265,11 @@ class HeldArraysGrid(PromptGrid):
         self._resent: dict[str, str] = {}  # resent message id -> first message id
         self._alias: dict[str, str] = {}  # first message id -> resent message id
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Push ``messages``, each with its arrays bundled (:meth:`HeldArrays.bundle_message`)."""
         batch = list(messages)
+        for msg in batch:
+            self.held.bundle_message(msg)
         ids = list(self.grid.push_messages(batch))
         self._pushed.update(zip(ids, batch, strict=True))
         return ids

@@ -70,7 +70,7 @@ def test_simulation_asks_ray_for_the_gpu_share(
     fake.write_text(f"#!{sys.executable}\nimport sys\nprint(sys.argv[sys.argv.index('--federation-config') + 1])\n")
     fake.chmod(0o755)
     monkeypatch.setattr(launch, "BIN", fake.parent)
-    monkeypatch.setattr(launch, "_superlink_pids", lambda home: set())  # stop no real SuperLink from this test
+    monkeypatch.setattr(launch, "superlink_pids", lambda home: set())  # stop no real SuperLink from this test
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     outcome = launch.run_simulation(
         supernodes=3, run_config="", results_dir=tmp_path, run_name="probe", flwr_home=tmp_path / "home",

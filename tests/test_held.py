@@ -149,18 +149,32 @@ def test_malformed_bundle_layouts_are_refused_naming_the_problem(change: dict[st
         unbundle_arrays(bundle, bad)
 
 
-def test_prepare_bundles_what_is_still_sent_even_nothing_and_not_when_switched_off() -> None:
+@pytest.mark.usefixtures("task_identity")
+def test_a_pushed_message_is_bundled_even_empty_and_resent_whole_unbundled() -> None:
     emb, w = _array([1.0] * 2048), _array([2.0])
     held = HeldArrays(bundle=True)
     held.holds[5] = {"emb": array_digest(emb)}
     arrays = ArrayRecord({"emb": emb, "w": w})
-    records = held.prepare(5, arrays)
-    assert list(arrays) == [BUNDLE_ARRAY] and records[BUNDLE]["names"] == ["w"]
-    assert records[ORDER]["names"] == ["emb", "w"] and HELD in records
+    msg = Message(RecordDict({ARRAYS: arrays, **held.prepare(5, arrays)}), dst_node_id=5, message_type="train")
+    assert list(arrays) == ["w"]  # prepare leaves out what the node holds; the strategy sees no bundle
+    held.bundle_message(msg)
+    held.bundle_message(msg)  # once only
+    assert list(msg.content[ARRAYS]) == [BUNDLE_ARRAY] and msg.content[BUNDLE]["names"] == ["w"]  # type: ignore[index,arg-type]
+    assert msg.content[ORDER]["names"] == ["emb", "w"] and HELD in msg.content  # type: ignore[index]
+    again = held.whole(msg)  # the node lost its copy: everything, unbundled, in order
+    assert BUNDLE not in again.content and list(again.content[ARRAYS]) == ["emb", "w"]  # type: ignore[arg-type]
+    assert 5 not in held.holds  # the server forgets what a node that lost its copy held
+    held.holds[5] = {"emb": array_digest(emb)}
     nothing = ArrayRecord({"emb": emb})
-    assert held.prepare(5, nothing)[BUNDLE]["names"] == [] and len(nothing[BUNDLE_ARRAY].data) == 0
-    plain = ArrayRecord({"emb": emb, "w": w})
-    assert BUNDLE not in HeldArrays(bundle=False).prepare(5, plain) and list(plain) == ["emb", "w"]
+    empty = Message(RecordDict({ARRAYS: nothing, **held.prepare(5, nothing)}), dst_node_id=5, message_type="train")
+    held.bundle_message(empty)
+    sent = empty.content[ARRAYS]
+    assert isinstance(sent, ArrayRecord) and len(sent[BUNDLE_ARRAY].data) == 0
+    assert empty.content[BUNDLE]["names"] == []  # type: ignore[index]
+    off = HeldArrays(bundle=False)
+    plain = Message(RecordDict({ARRAYS: ArrayRecord({"emb": emb, "w": w})}), dst_node_id=5, message_type="train")
+    off.bundle_message(plain)
+    assert BUNDLE not in plain.content and list(plain.content[ARRAYS]) == ["emb", "w"]  # type: ignore[arg-type]
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -380,7 +394,7 @@ def test_a_node_that_lost_its_copy_gets_the_message_again_in_the_same_round(
 
 
 def test_replacing_a_built_messages_arrays_replaces_its_held_records() -> None:
-    held = HeldArrays(min_bytes=0, bundle=False)
+    held = HeldArrays(min_bytes=0)
     emb, w, x = _array([1.0, 2.0]), _array([3.0]), _array([4.0])
     held.holds[5] = {"emb": array_digest(emb)}
     arrays = ArrayRecord({"emb": emb, "w": w})
@@ -391,12 +405,6 @@ def test_replacing_a_built_messages_arrays_replaces_its_held_records() -> None:
     assert HELD not in content and ORDER not in content
     assert digests(content[CACHE]) == {"x": array_digest(x)}  # type: ignore[arg-type]
     assert list(content[ARRAYS]) == ["x"]  # type: ignore[arg-type]
-    bundling = HeldArrays(min_bytes=0, bundle=True)
-    arrays = ArrayRecord({"emb": emb, "w": w})
-    content = RecordDict({ARRAYS: arrays, **bundling.prepare(5, arrays)})
-    assert content[BUNDLE]["names"] == ["emb", "w"]  # type: ignore[index]
-    bundling.replace_arrays(5, content, ArrayRecord({"x": x}))
-    assert content[BUNDLE]["names"] == ["x"] and list(content[ARRAYS]) == [BUNDLE_ARRAY]  # type: ignore[index,arg-type]
 
 
 class SilentGrid:

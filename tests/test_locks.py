@@ -11,6 +11,7 @@ import pytest
 
 import deploy.launch as launch
 from deploy.locks import SIMULATION_LOCK, file_lock, holder
+from deploy.processes import superlink_pids
 
 HOLD = """
 import fcntl, sys
@@ -126,7 +127,7 @@ def test_run_simulation_holds_the_lock_for_the_whole_run(tmp_path: Path, monkeyp
     fake.write_text(f"#!{sys.executable}\n{PROBE}".replace("sys.argv[1]", repr(str(lock))))
     fake.chmod(0o755)
     monkeypatch.setattr(launch, "BIN", fake.parent)
-    monkeypatch.setattr(launch, "_superlink_pids", lambda home: set())  # stop no real SuperLink from this test
+    monkeypatch.setattr(launch, "superlink_pids", lambda home: set())  # stop no real SuperLink from this test
     outcome = launch.run_simulation(
         supernodes=1, run_config="", results_dir=tmp_path, run_name="probe", flwr_home=tmp_path / "home",
         echo=False, lock=lock,
@@ -148,8 +149,8 @@ def test_a_simulation_stops_only_the_superlinks_of_its_own_flower_home(tmp_path:
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "flower-superlink", "--database"]
     procs = [subprocess.Popen([*sleeper, str(home / "local-superlink" / "state.db")]) for home in (ours, theirs)]
     try:
-        assert launch._superlink_pids(ours) == {procs[0].pid}
-        assert launch._superlink_pids(theirs) == {procs[1].pid}
+        assert superlink_pids(ours) == {procs[0].pid}
+        assert superlink_pids(theirs) == {procs[1].pid}
     finally:
         for p in procs:
             p.kill()

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from deploy.launch import BIN, ROOT, _run_config_arg, _stop, _superlink_pids, flower_env, run_simulation
+from deploy.launch import BIN, ROOT, _run_config_arg, flower_env, run_simulation
 from deploy.locks import SIMULATION_LOCK, file_lock
+from deploy.processes import stop_processes, superlink_pids
 from server.checkpoint import list_checkpoints, read_checkpoint
 from tests.flower_runs import TINY, read_rounds, tiny_budgets
 
@@ -74,7 +75,7 @@ def run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round:
 def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round: int) -> Path:
     home = tmp_path / "flwr-home-killed"
     env = flower_env(home)
-    before = _superlink_pids(home)
+    before = superlink_pids(home)
     cmd = [
         str(BIN / "flwr"), "run", str(ROOT), "--stream",
         "--federation-config", f"num-supernodes={SUPERNODES} client-resources-num-cpus=1",
@@ -91,7 +92,7 @@ def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round
                 pytest.fail(f"the run ended before round {after_round} was checkpointed")
             assert time.time() < deadline, "no checkpoint in time"
             time.sleep(0.02)
-        superlinks = _superlink_pids(home) - before
+        superlinks = superlink_pids(home) - before
         tree = _descendants(superlinks)
         servers = [pid for pid in tree if "flwr-simulation" in _cmdline(pid)]
         assert servers, "no ServerApp (flwr-simulation) process found"
@@ -103,7 +104,7 @@ def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round
             proc.wait(timeout=20)
         if proc.poll() is None:
             proc.kill()
-        _stop(_superlink_pids(home) - before)
+        stop_processes(superlink_pids(home) - before)
         for pid in tree:  # Ray's processes, should the kill have orphaned any
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
