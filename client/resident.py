@@ -76,7 +76,7 @@ class RunScope:
     run_id: int | None = None
     fab_hash: str | None = None
     project_dir: str | None = None
-    changes: int = field(default=0)
+    changes: int = 0
 
     def enter(
         self,

@@ -205,22 +205,28 @@ def _become_child(spec: ChildSpec) -> None:
     sys.argv = ["flwr-clientapp", "--runtime-api-address", spec.runtime_api_address, "--token", "***"]
 
 
+def _clientapp_arguments(spec: ChildSpec, parent_pid: int | None) -> dict[str, Any]:
+    """The arguments of Flower's ``run_clientapp`` for the task ``spec``."""
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+    return {
+        "runtime_api_address": spec.runtime_api_address,
+        "token": spec.token,
+        "insecure": spec.insecure,
+        "certificates": validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+        "parent_pid": parent_pid,
+        "runtime_dependency_install": spec.runtime_dependency_install,
+    }
+
+
 def _run_child(spec: ChildSpec) -> int:
     """Body of a forked one-shot child: Flower's ``flwr-clientapp`` for one task; returns its exit code."""
     _become_child(spec)
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
     try:
         quick_pull_retries(*pull_backoff())
-        run_clientapp(
-            runtime_api_address=spec.runtime_api_address,
-            token=spec.token,
-            insecure=spec.insecure,
-            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
-            parent_pid=spec.parent_pid,
-            runtime_dependency_install=spec.runtime_dependency_install,
-        )
+        run_clientapp(**_clientapp_arguments(spec, spec.parent_pid))
     except SystemExit as exit_:  # flwr_exit ends every task this way
         return exit_.code if isinstance(exit_.code, int) else 1
     except BaseException as exc:
@@ -236,7 +242,6 @@ def _serve_resident(first: ChildSpec, tasks_fd: int, done_fd: int) -> int:
     """
     _become_child(first)
     from flwr.common import log
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime import run_clientapp as flower
 
     import client.resident as resident
@@ -261,14 +266,8 @@ def _serve_resident(first: ChildSpec, tasks_fd: int, done_fd: int) -> int:
             started = time.perf_counter()
             code = 0
             try:
-                flower.run_clientapp(
-                    runtime_api_address=spec.runtime_api_address,
-                    token=spec.token,
-                    insecure=spec.insecure,
-                    certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
-                    parent_pid=None if monitoring else spec.parent_pid,  # one monitor for the worker's life
-                    runtime_dependency_install=spec.runtime_dependency_install,
-                )
+                # one parent-process monitor for the worker's life: the first task starts it
+                flower.run_clientapp(**_clientapp_arguments(spec, None if monitoring else spec.parent_pid))
             except resident.TaskEnded as ended:
                 code = ended.code
             except Exception as exc:
