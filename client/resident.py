@@ -42,6 +42,8 @@ from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from experiment.switches import env_switch
+
 #: Environment variable a resident worker sets when it takes a task: ``time.monotonic()`` then.
 #: The ClientApp reports its start-up against it (a resident process's age says nothing).
 TASK_STARTED_ENV = "HETFL_TASK_STARTED"
@@ -50,7 +52,7 @@ ENABLE_ENV = "HETFL_RESIDENT_CLIENTAPP"
 
 def enabled() -> bool:
     """Whether the warm zygote keeps a resident worker (``HETFL_RESIDENT_CLIENTAPP`` not ``0``/off)."""
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+    return env_switch(ENABLE_ENV)
 
 
 def task_started() -> float | None:

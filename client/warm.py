@@ -61,6 +61,8 @@ from logging import INFO, WARNING
 from pathlib import Path
 from typing import IO, Any
 
+from experiment.switches import env_switch
+
 #: Modules the zygote imports before forking (``HETFL_WARM_PRELOAD`` overrides).
 PRELOAD = ("client.app",)
 #: The project's top-level packages: dropped from the zygote after the preload so that each
@@ -109,7 +111,7 @@ class ChildSpec:
 
 def enabled() -> bool:
     """Whether ClientApp tasks are forked (``HETFL_WARM_EXECUTOR`` not ``0``/``false``/``off``)."""
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+    return env_switch(ENABLE_ENV)
 
 
 def preload_modules() -> tuple[str, ...]:

@@ -10,7 +10,6 @@ whole in the same round.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from logging import WARNING
@@ -38,6 +37,7 @@ from experiment.held import (
     split_held,
 )
 from experiment.protocol import ARRAYS
+from experiment.switches import env_switch
 
 
 class PromptGrid(Grid):
@@ -96,7 +96,7 @@ BUNDLE_ENV = "HETFL_BUNDLE_ARRAYS"
 
 def bundling_enabled() -> bool:
     """Whether messages' arrays are bundled (``HETFL_BUNDLE_ARRAYS`` not ``0``/``false``/``off``/``no``)."""
-    return os.environ.get(BUNDLE_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+    return env_switch(BUNDLE_ENV)
 
 
 class HeldArrays:
@@ -138,18 +138,17 @@ class HeldArrays:
         The returned dict has :data:`HELD` (arrays left out) and/or :data:`CACHE` (arrays to keep).
         """
         present = self.keepable(arrays)
-        records: dict[str, ConfigRecord] = {}
-        if present:
-            held, cache = split_held(present, self.holds.get(node_id, {}))
-            order = list(arrays.keys())
-            left_out = {n: arrays[n] for n in held}
-            for n in held:
-                del arrays[n]
-            if left_out:
-                self._left_out[id(arrays)] = (arrays, left_out)
-            records = {HELD: digest_record(held), ORDER: ConfigRecord({"names": order})} if held else {}
-            records |= {CACHE: digest_record(cache)} if cache else {}
-        return records
+        if not present:
+            return {}
+        held, cache = split_held(present, self.holds.get(node_id, {}))
+        order = list(arrays.keys())
+        left_out = {n: arrays[n] for n in held}
+        for n in held:
+            del arrays[n]
+        if left_out:
+            self._left_out[id(arrays)] = (arrays, left_out)
+        records = {HELD: digest_record(held), ORDER: ConfigRecord({"names": order})} if held else {}
+        return records | ({CACHE: digest_record(cache)} if cache else {})
 
     def bundle_message(self, msg: Message) -> None:
         """Make ``msg``'s arrays one bundle (in place, right before it is pushed), if bundling is on.
