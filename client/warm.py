@@ -15,9 +15,13 @@ at exit and nothing of one message's state reaches the next; only the third-part
 import cost is paid once per SuperExec instead of once per message.
 
 * The zygote (``python -m client.warm --zygote``, a clean single-threaded process) starts
-  with a SuperNode's SuperExec (on a SuperLink's, only at a first ClientApp task); until it has
-  preloaded, ClientApp tasks are launched cold, so no task waits for it (a task that does not
-  heartbeat soon is expired by the SuperNode).  Other task types (ServerApp) are launched by
+  with a SuperNode's SuperExec (on a SuperLink's, only at a first ClientApp task).  A ClientApp
+  task that arrives while it preloads waits in its queue (:func:`launch_route`) for up to
+  :data:`PRELOAD_PATIENCE_S`, below the 30 s in which a claimed task must heartbeat; only a
+  zygote that preloads longer, or that died twice before it was ready, gets tasks launched
+  cold.  A cold launch beside the preloading zygote would import the same libraries a second
+  time: no sooner on a busy CPU, and twice the memory, which under a node's memory limit
+  (a cgroup, ``mem_limit``) is an OOM kill.  Other task types (ServerApp) are launched by
   Flower's ``SubprocessExecutor`` unchanged.
 * It imports :data:`PRELOAD` (``HETFL_WARM_PRELOAD``, comma-separated, default
   ``client.app``) and then forgets the project's own modules
@@ -74,6 +78,11 @@ PULL_BACKOFF_ENV = "HETFL_PULL_BACKOFF_S"
 #: A ClientApp's retry delay for message objects its SuperNode has not received yet: first
 #: retry after ``[0]`` s, doubling up to ``[1]`` s (Flower's defaults: 1 s and 10 s).
 PULL_BACKOFF_S = (0.02, 0.5)
+#: How long (s) a ClientApp task may wait for a preloading zygote: under Flower's 30-s window
+#: (``HEARTBEAT_DEFAULT_INTERVAL``) in which a claimed task must start heartbeating.
+PRELOAD_PATIENCE_S = 20.0
+#: Zygotes that may exit before they are ready; after that every ClientApp task is launched cold.
+ZYGOTE_START_LIMIT = 2
 
 
 @dataclass(frozen=True)
@@ -417,13 +426,28 @@ def zygote(stdin: IO[bytes] | None = None, ready_fd: int | None = None) -> int:
 # --------------------------------------------------------------------------- executor
 
 
+def launch_route(*, alive: bool, ready: bool, preloading_s: float, patience_s: float = PRELOAD_PATIENCE_S) -> str:
+    """Where a ClientApp task goes: ``"fork"``, ``"queue"`` or ``"cold"``.
+
+    ``"fork"``: the zygote is alive and ready.  ``"queue"``: it is alive and has preloaded for
+    less than ``patience_s`` seconds -- the task line waits in its pipe, and is forked as soon
+    as the preload ends.  ``"cold"``: no live zygote, or one preloading for too long; the task
+    is a plain ``flwr-clientapp`` process.
+    """
+    if not alive:
+        return "cold"
+    if ready:
+        return "fork"
+    return "queue" if preloading_s < patience_s else "cold"
+
+
 class WarmExecutor:
     """Flower ``Executor`` that forks ClientApp tasks from a zygote, the rest as subprocesses.
 
     The zygote starts at construction when ``eager`` (a SuperNode's SuperExec), else on the
-    first ClientApp task.  Until it reports ready, ClientApp tasks are launched cold: a task
-    must heartbeat soon after its launch or the SuperNode expires its token, so none waits for
-    the preload.
+    first ClientApp task.  While it preloads, ClientApp tasks queue for it, for at most
+    :data:`PRELOAD_PATIENCE_S` (:func:`launch_route`); a zygote that exits before it is ready
+    is started again, up to :data:`ZYGOTE_START_LIMIT` times, after which tasks go cold.
     """
 
     def __init__(self, *, eager: bool = True) -> None:
@@ -433,6 +457,8 @@ class WarmExecutor:
         self._zygote: subprocess.Popen[bytes] | None = None
         self._ready_fd: int | None = None
         self._ready = False
+        self._started_at = 0.0
+        self._failed_starts = 0
         self._lock = threading.Lock()
         if eager:
             self._start_zygote()
@@ -446,6 +472,9 @@ class WarmExecutor:
         self._cold.wait_for_capacity(task_type, **kwargs)
 
     def _start_zygote(self) -> None:
+        if self._ready_fd is not None:  # a previous zygote's
+            os.close(self._ready_fd)
+            self._ready_fd = None
         read_fd, write_fd = os.pipe()
         self._zygote = subprocess.Popen(
             [sys.executable, "-m", "client.warm", "--zygote", str(write_fd)], stdin=subprocess.PIPE,
@@ -453,18 +482,20 @@ class WarmExecutor:
         )  # fmt: skip
         os.close(write_fd)
         self._ready_fd, self._ready = read_fd, False
+        self._started_at = time.monotonic()
 
     def _zygote_ready(self) -> bool:
-        """Whether the zygote is alive and done preloading (never blocks)."""
-        if self._zygote is None or self._zygote.poll() is not None:
-            return False
+        """Whether the zygote is alive and done preloading (never blocks).
+
+        ``self._ready`` keeps whether it ever reported ready, alive or not.
+        """
         if not self._ready and self._ready_fd is not None:
             readable, _, _ = select.select([self._ready_fd], [], [], 0)
             if readable:
                 self._ready = os.read(self._ready_fd, 16).startswith(b"ready")
                 os.close(self._ready_fd)
                 self._ready_fd = None
-        return self._ready
+        return self._ready and self._zygote is not None and self._zygote.poll() is None
 
     def launch(self, spec: Any) -> Any:
         """Fork a ClientApp task from the zygote once it is ready; everything else cold."""
@@ -481,23 +512,47 @@ class WarmExecutor:
             suppress_output=spec.suppress_output,
         ).to_line()  # fmt: skip
         with self._lock:
-            if self._zygote is None or self._zygote.poll() is not None:
-                if self._zygote is not None:
-                    log(WARNING, "[client.warm] zygote exited (code %s); starting a new one", self._zygote.returncode)
-                self._start_zygote()
-            if self._zygote_ready():
+            self._restart_if_gone()
+            alive = self._zygote is not None and self._zygote.poll() is None
+            ready = self._zygote_ready()
+            preloading_s = time.monotonic() - self._started_at
+            route = launch_route(alive=alive, ready=ready, preloading_s=preloading_s)
+            if route != "cold":
                 try:
                     stdin = self._zygote.stdin if self._zygote is not None else None
                     if stdin is None:
                         raise OSError("the zygote has no open stdin")
                     stdin.write(line)
                     stdin.flush()
+                    if route == "queue":
+                        log(INFO, "[client.warm] task %d queued for the zygote (preloading for %.1f s)",
+                            spec.task_id, preloading_s)  # fmt: skip
                     return LaunchResult.accepted()
                 except OSError as exc:
                     log(WARNING, "[client.warm] zygote unreachable (%r)", exc)
                     self._zygote, self._ready = None, False
-            log(INFO, "[client.warm] task %d launched cold (zygote not ready yet)", spec.task_id)
+            reason = "no zygote" if not alive else f"zygote still preloading after {preloading_s:.0f} s"
+            log(INFO, "[client.warm] task %d launched cold (%s)", spec.task_id, reason)
         return self._cold.launch(spec)
+
+    def _restart_if_gone(self) -> None:
+        """Start a new zygote if the last one exited, unless :data:`ZYGOTE_START_LIMIT` died unready."""
+        from flwr.common import log
+
+        z = self._zygote
+        if z is not None and z.poll() is None:
+            return
+        if z is not None and not (self._zygote_ready() or self._ready):
+            self._failed_starts += 1
+        if self._failed_starts >= ZYGOTE_START_LIMIT:
+            if z is not None:
+                log(WARNING, "[client.warm] %d zygotes exited before they were ready; ClientApps now start cold",
+                    self._failed_starts)  # fmt: skip
+                self._zygote = None
+            return
+        if z is not None:
+            log(WARNING, "[client.warm] zygote exited (code %s); starting a new one", z.returncode)
+        self._start_zygote()
 
     def close(self) -> None:
         """Close the zygote's pipe (it exits on EOF) and wait briefly for it."""

@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 
 from client.warm import (
+    PRELOAD_PATIENCE_S,
     PROJECT_PACKAGES,
     PULL_BACKOFF_ENV,
     PULL_BACKOFF_S,
+    ZYGOTE_START_LIMIT,
     ChildSpec,
     WarmExecutor,
     enabled,
     forget_project_modules,
+    launch_route,
     preload_modules,
     pull_backoff,
     quick_pull_retries,
@@ -341,3 +344,34 @@ def test_the_resident_worker_runs_each_task_through_flower_to_its_exit_handlers_
     ]  # fmt: skip
     assert b"task 2 ended (code 110)" in out.stderr + out.stdout
     assert b"task 3 ended (code 1)" in out.stderr + out.stdout
+
+
+def test_a_task_queues_for_a_preloading_zygote_within_the_patience_else_goes_cold() -> None:
+    assert launch_route(alive=True, ready=True, preloading_s=500.0) == "fork"
+    assert launch_route(alive=True, ready=False, preloading_s=0.0) == "queue"
+    assert launch_route(alive=True, ready=False, preloading_s=PRELOAD_PATIENCE_S - 0.1) == "queue"
+    assert launch_route(alive=True, ready=False, preloading_s=PRELOAD_PATIENCE_S) == "cold"
+    assert launch_route(alive=False, ready=False, preloading_s=0.0) == "cold"
+    assert launch_route(alive=False, ready=True, preloading_s=0.0) == "cold"
+    assert PRELOAD_PATIENCE_S < 30  # Flower expires a claimed task that has not heartbeated in 30 s
+
+
+def test_zygotes_that_die_unready_are_restarted_up_to_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETFL_WARM_PRELOAD", "torch")  # seconds of preload: killed at once, never ready
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    executor = WarmExecutor(eager=True)
+    started = 1
+    try:
+        for _ in range(ZYGOTE_START_LIMIT):
+            zygote = executor._zygote
+            assert zygote is not None
+            zygote.kill()
+            zygote.wait(timeout=10)
+            executor._restart_if_gone()
+            started += executor._zygote is not zygote and executor._zygote is not None
+        assert started == ZYGOTE_START_LIMIT  # the first and one restart; the second unready death ends it
+        assert executor._zygote is None
+        executor._restart_if_gone()
+        assert executor._zygote is None  # stays cold
+    finally:
+        executor.close()
