@@ -53,6 +53,7 @@ from client.warm import shim_dir
 from deploy.console import RoundTail, run_warnings, verdict_lines
 from deploy.locks import SIMULATION_LOCK, file_lock
 from deploy.processes import stop_processes, superlink_pids
+from deploy.ray_cluster import ForeignSuperLinkError, RayAddressError, check_no_foreign_superlink, check_ray_address
 from experiment.outputs import ROUNDS_FILE, SUMMARY_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,6 +228,7 @@ def run_simulation(
     echo: bool = True,
     lock: Path | None = SIMULATION_LOCK,
     log_path: Path | None = None,
+    ray_address: str | None = None,
 ) -> RunOutcome:
     """``flwr run . --stream`` in Ray simulation; stop the SuperLink it auto-started.
 
@@ -236,13 +238,25 @@ def run_simulation(
     (:mod:`deploy.locks`): the local simulation SuperLink uses fixed ports, so a second
     simulation on the machine waits for this one to finish.  ``log_path``: a file that gets
     Flower's whole output as it comes (``echo`` shows it on the console too).
+
+    ``ray_address`` (``HOST:PORT`` of a running Ray head; default ``$RAY_ADDRESS``): run the
+    virtual clients on that multi-node cluster.  It reaches the ``flwr-simulation`` process
+    through the environment of the local SuperLink this call starts
+    (:mod:`deploy.ray_cluster`), which is why a local SuperLink this call did not start is
+    refused (:class:`~deploy.ray_cluster.ForeignSuperLinkError`) rather than reused.
     """
     check_gpus_per_client(gpus_per_client)
+    ray_address = ray_address if ray_address is not None else os.environ.get("RAY_ADDRESS") or None
+    if ray_address is not None:
+        ray_address = check_ray_address(ray_address)
     resources = f"client-resources-num-cpus={cpus_per_client:g}"
     if gpus_per_client > 0:
         resources += f" client-resources-num-gpus={gpus_per_client:g}"
     with file_lock(lock, what=f"flwr run {run_name}"), flower_home(flwr_home) as home:
+        check_no_foreign_superlink()
         env = flower_env(home)
+        if ray_address is not None:
+            env["RAY_ADDRESS"] = ray_address
         before = superlink_pids(home)
         cmd = [
             str(BIN / "flwr"), "run", str(ROOT), "--stream",
@@ -576,6 +590,18 @@ def loopback_cluster(
         yield cluster.procs
 
 
+def shared_core_threads(nodes: int, cores: int | None = None) -> int:
+    """Torch threads per ClientApp when ``nodes`` SuperNodes share ``cores`` (default: this process's).
+
+    ``max(1, cores // nodes)``: torch's default (one thread per core in every process)
+    oversubscribes the cores -- measured on the 2-core machine with 3 tiny-model nodes, a loopback
+    round's fixed overhead was +7.7 s with torch's default and +3.4 s / +2.7 s with one thread
+    (docs/RESULTS.md, "Deployment round on loopback").
+    """
+    available = cores if cores is not None else len(os.sched_getaffinity(0))
+    return max(1, available // max(1, nodes))
+
+
 def run_loopback(
     *,
     tiers: Sequence[str],
@@ -588,9 +614,13 @@ def run_loopback(
     echo: bool = True,
     security: Security | None = None,
 ) -> RunOutcome:
-    """Start a loopback cluster, run the app on it over gRPC, stop the cluster."""
+    """Start a loopback cluster, run the app on it over gRPC, stop the cluster.
+
+    The SuperNodes share this machine's cores, so unless ``run_config`` sets ``client-threads``
+    each ClientApp gets :func:`shared_core_threads` torch threads.
+    """
     ports = ports or Ports()
-    cfg = f"min-available-nodes={len(tiers)} {run_config}"
+    cfg = f"min-available-nodes={len(tiers)} client-threads={shared_core_threads(len(tiers))} {run_config}"
     log_dir = results_dir / run_name / "logs"
     with flower_home(flwr_home) as home:
         write_connection(home, "loopback", ports, root_certificates=security.ca_cert if security else None)
@@ -706,6 +736,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument(
                 "--gpus-per-client", type=float, default=0.0, help="Ray GPU share per client (with device='cuda')"
             )
+            p.add_argument(
+                "--ray-address", default=None,
+                help="HOST:PORT of a running Ray cluster's head (default: $RAY_ADDRESS; unset: Ray on this machine)",
+            )  # fmt: skip
         else:
             p.add_argument("--tiers", default="weak,medium,strong", help="one SuperNode per entry, with that tier")
             p.add_argument("--tls-dir", type=Path, help="serve TLS with the CA/certificate here (made if missing)")
@@ -753,11 +787,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     tail = RoundTail(folder / ROUNDS_FILE, metric="local-accuracy", rounds=rounds, eta=True)
     with contextlib.nullcontext() if args.verbose else tail:
         if args.mode == "simulation":
-            outcome = run_simulation(
-                supernodes=args.supernodes, run_config=args.run_config, results_dir=results,
-                run_name=run_name, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                echo=args.verbose, log_path=log_path,
-            )  # fmt: skip
+            try:
+                outcome = run_simulation(
+                    supernodes=args.supernodes, run_config=args.run_config, results_dir=results,
+                    run_name=run_name, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                    echo=args.verbose, log_path=log_path, ray_address=args.ray_address,
+                )  # fmt: skip
+            except (RayAddressError, ForeignSuperLinkError) as exc:
+                print(f"nothing was started: {exc}", file=sys.stderr)
+                return 2
         else:
             if args.auth and args.tls_dir is None:
                 parser.error("--auth needs --tls-dir (Flower authenticates SuperNodes only over TLS)")

@@ -29,11 +29,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.launch import ROOT, Ports, run_loopback, run_simulation
+from deploy.processes import cmdline, memory_mb, pids_with, supernode_roles
 from tests.flower_runs import TINY, tiny_budgets  # the tiny run of the deployment tests
 
 
@@ -90,6 +92,67 @@ def resident_rss(log_dir: Path, tiers: Sequence[str] = ("weak", "medium", "stron
     return out
 
 
+class NodeMemory(threading.Thread):
+    """RSS and PSS (MiB) of each SuperNode's long-lived processes, sampled while a loopback run runs.
+
+    Every ``every`` seconds, for each SuperNode dialing ``127.0.0.1:FLEET_PORT``: its tier (from
+    its node config) and its roles (:func:`deploy.processes.supernode_roles`: SuperNode, warm
+    SuperExec, zygote, resident worker).  :meth:`summary` gives per tier and role the median
+    (what the process holds between rounds, most of a run) and the largest sample.
+    """
+
+    def __init__(self, fleet_port: int, every: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.dial = f"--superlink 127.0.0.1:{fleet_port} "
+        self.every = every
+        self.samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        self.done = threading.Event()
+
+    def sample(self) -> None:
+        """One sample of every role of every SuperNode of this cluster."""
+        for pid in pids_with("client.supernode"):
+            line = cmdline(pid)
+            tier = re.search(r"tier='(\w+)'", line)
+            if self.dial not in line + " " or tier is None:
+                continue
+            for role, role_pid in supernode_roles(pid).items():
+                rss, pss = memory_mb(role_pid)
+                if rss > 0:
+                    self.samples.setdefault((tier.group(1), role), []).append((rss, pss))
+
+    def run(self) -> None:
+        """Sample until :attr:`done` is set."""
+        while not self.done.wait(self.every):
+            self.sample()
+
+    def summary(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{tier: {role: {rss, rss-max, pss, pss-max}}}``: medians and maxima over the samples (MiB)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for (tier, role), values in sorted(self.samples.items()):
+            rss, pss = [v[0] for v in values], [v[1] for v in values]
+            out.setdefault(tier, {})[role] = {
+                "rss": statistics.median(rss), "rss-max": max(rss), "pss": statistics.median(pss), "pss-max": max(pss)
+            }  # fmt: skip
+        return out
+
+
+#: Order of the roles in the printed memory lines.
+ROLES = ("supernode", "superexec", "zygote", "worker")
+
+
+def memory_lines(mode: str, summary: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """Printable lines of :meth:`NodeMemory.summary`: per tier, each role's median / max RSS and PSS."""
+    lines = []
+    for tier, roles in summary.items():
+        parts = [
+            f"{role} RSS {m['rss']:.0f}/{m['rss-max']:.0f} PSS {m['pss']:.0f}/{m['pss-max']:.0f}"
+            for role in ROLES if (m := roles.get(role))
+        ]  # fmt: skip
+        total = sum(m["pss"] for m in roles.values())
+        lines.append(f"[{mode}] {tier} memory MiB (median/max): {'; '.join(parts)}; all PSS {total:.0f}")
+    return lines
+
+
 #: ``--model``: the run config of each measured model (the rounds are added).
 MODELS: dict[str, str] = {
     "tiny": f"{TINY} tier-memory-mb='{{budgets}}'",  # the deployment tests' run: 2 local steps
@@ -118,6 +181,7 @@ def run_mode(
     os.environ.update(env)
     base = MODELS[model].replace("{budgets}", tiny_budgets()) if model == "tiny" else MODELS[model]
     run_config = f"{base} num-server-rounds={rounds} {extra}".strip()
+    memory: NodeMemory | None = None
     try:
         t0 = time.perf_counter()
         if mode == "sim":
@@ -126,11 +190,17 @@ def run_mode(
                 flwr_home=out / f"flwr-home-{mode}", echo=False,
             )  # fmt: skip
         else:
-            outcome = run_loopback(
-                tiers=["weak", "medium", "strong"], run_config=run_config,
-                results_dir=out, run_name=mode, ports=Ports(port_base, port_base + 1, port_base + 2),
-                flwr_home=out / f"flwr-home-{mode}", echo=False,
-            )  # fmt: skip
+            memory = NodeMemory(port_base)
+            memory.start()
+            try:
+                outcome = run_loopback(
+                    tiers=["weak", "medium", "strong"], run_config=run_config,
+                    results_dir=out, run_name=mode, ports=Ports(port_base, port_base + 1, port_base + 2),
+                    flwr_home=out / f"flwr-home-{mode}", echo=False,
+                )  # fmt: skip
+            finally:
+                memory.done.set()
+                memory.join()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -146,6 +216,9 @@ def run_mode(
         for tier, rss in resident_rss(out / mode / "logs").items():
             if rss:
                 print(f"[{mode}] {tier} resident ClientApp worker after each task: {rss} MB (max {max(rss)})")
+        summary = memory.summary() if memory is not None else {}
+        print("\n".join(memory_lines(mode, summary)))
+        (out / f"memory-{mode}.json").write_text(json.dumps(summary, indent=1))
     return [
         {
             "round": r["round"],

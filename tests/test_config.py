@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploy.launch import config_file_overrides, merge_overrides
+from deploy.launch import config_file_overrides, merge_overrides, shared_core_threads
 from experiment.config import ConfigError, RunConfig
 from models.catalog import choose_variant
 from server.app import build_strategy
@@ -215,3 +215,12 @@ def test_inclusivefl_server_adam_reaches_the_strategy_and_only_inclusivefl() -> 
         assert isinstance(strategy, InclusiveFL) and strategy.server_adam == value
     with pytest.raises(ConfigError, match=r"'inclusivefl-server-adam'.*'per-tier'"):
         RunConfig.from_flower({**base, "method": "exclusive", "inclusivefl-server-adam": "shared"})
+
+
+def test_loopback_nodes_sharing_cores_get_a_share_of_threads_each() -> None:
+    assert shared_core_threads(3, cores=2) == 1
+    assert shared_core_threads(3, cores=16) == 5
+    assert shared_core_threads(1, cores=8) == 8
+    assert shared_core_threads(0, cores=4) == 4
+    # the launcher's default comes first, so a run config's own client-threads wins
+    assert merge_overrides("client-threads=1", "client-threads=4") == "client-threads=4"
