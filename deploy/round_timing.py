@@ -112,7 +112,7 @@ class NodeMemory(threading.Thread):
         """One sample of every role of every SuperNode of this cluster."""
         for pid in pids_with("client.supernode"):
             line = cmdline(pid)
-            tier = re.search(r"tier='(\w+)'", line)
+            tier = re.search(r"tier=[\"'](\w+)[\"']", line)
             if self.dial not in line + " " or tier is None:
                 continue
             for role, role_pid in supernode_roles(pid).items():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.launch import node_config_for
 from deploy.round_timing import NodeMemory, median_after_first, memory_lines, resident_rss
 
 
@@ -47,7 +48,7 @@ def test_node_memory_finds_each_long_lived_process_of_a_supernode_by_tier(tmp_pa
     script.write_text(CHAIN)
     root = subprocess.Popen(
         [sys.executable, str(script), "0", "client.supernode", "--superlink", "127.0.0.1:19999",
-         "--node-config", "partition-id=0 tier='weak'"],
+         "--node-config", node_config_for(0, ["weak", "medium", "strong"])],  # the launcher's
         start_new_session=True,
     )  # fmt: skip
     try:
