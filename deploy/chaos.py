@@ -1,0 +1,221 @@
+"""Faults on a real deployment (issue 22): lossy and slow links, for the chaos suite.
+
+Every fault is a real packet or stream fault between a SuperNode and the SuperLink, never a
+sleep in the project's code:
+
+* **Packet loss** (:func:`loss_ruleset`, :func:`set_loss`): an nftables table inside a
+  SuperNode's network namespace drops ``percent`` % of the packets on its link to the
+  SuperLink, each way (``numgen random mod 100 < percent drop`` in the input and output
+  hooks, on every interface but ``lo``: the SuperNode's own loopback to its ClientApps is the
+  device's inside, not its network).  This kernel has no ``netem`` (``tc qdisc ... netem`` is
+  refused), but nftables' random drops work inside a namespace.
+* **Delay** (:class:`DelayRelay`, ``python -m deploy.chaos relay``): a userspace TCP relay
+  between a SuperNode and the SuperLink that holds each chunk read from either side for
+  ``delay ± jitter`` ms (uniform) before passing it on, keeping the byte order (a chunk is never
+  sent before the one read ahead of it).  Its settings are read from a JSON file whenever it
+  changes, so one cluster can run a clean and a faulty run back to back.
+
+:class:`ChaosCluster` starts a SuperLink and ``nodes`` SuperNodes, each in its own network
+namespace (:class:`deploy.netns.HostNetwork`), each SuperNode dialing the SuperLink through its
+own relay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: The nftables table the chaos rules live in (one per namespace).
+TABLE = "hetfl_chaos"
+#: Largest chunk the relay reads at once.
+CHUNK = 65536
+
+
+class ChaosError(RuntimeError):
+    """A fault cannot be set up here (a tool missing, a rule refused)."""
+
+
+def loss_ruleset(percent: int, table: str = TABLE) -> str:
+    """The ``nft -f`` script that drops ``percent`` % of non-loopback packets each way.
+
+    Replaces the table if it exists (``percent`` 0 leaves an empty table: no drops).
+    """
+    if not 0 <= percent <= 100:
+        raise ValueError(f"loss percent {percent}: expected 0..100")
+    lines = [
+        f"table inet {table}",  # declare first, so that the delete below never fails
+        f"delete table inet {table}",
+        f"table inet {table} {{",
+    ]
+    for chain, hook, iface in (("inbound", "input", "iifname"), ("outbound", "output", "oifname")):
+        lines.append(f"  chain {chain} {{")
+        lines.append(f"    type filter hook {hook} priority 0; policy accept;")
+        if percent == 100:  # numgen's value must stay below its modulus
+            lines.append(f'    {iface} != "lo" counter drop')
+        elif percent:
+            lines.append(f'    {iface} != "lo" numgen random mod 100 < {percent} counter drop')
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def set_loss(prefix: Sequence[str], percent: int) -> None:
+    """Apply :func:`loss_ruleset` in the namespace ``prefix`` runs in (``ip netns exec NS``)."""
+    proc = subprocess.run(
+        [*prefix, "nft", "-f", "-"], input=loss_ruleset(percent), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise ChaosError(f"nft refused the loss rules: {proc.stderr.strip() or proc.returncode}")
+
+
+def dropped_packets(prefix: Sequence[str]) -> int:
+    """Packets the loss rules of the namespace ``prefix`` runs in have dropped so far (both ways)."""
+    proc = subprocess.run([*prefix, "nft", "list", "table", "inet", TABLE], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return 0
+    return sum(int(word) for line in proc.stdout.splitlines() for word in _after(line, "packets"))
+
+
+def _after(line: str, key: str) -> list[str]:
+    words = line.split()
+    return [words[i + 1] for i, w in enumerate(words[:-1]) if w == key and words[i + 1].isdigit()]
+
+
+@dataclass(frozen=True)
+class Delay:
+    """A relay's setting: each chunk held ``ms ± jitter_ms`` (uniform), in each direction."""
+
+    ms: float = 0.0
+    jitter_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.ms < 0 or self.jitter_ms < 0 or self.jitter_ms > self.ms:
+            raise ValueError(f"delay {self.ms} ms ± {self.jitter_ms} ms: expected 0 <= jitter <= delay")
+
+    def draw(self, rng: random.Random) -> float:
+        """One chunk's hold in seconds."""
+        return max(0.0, self.ms + rng.uniform(-self.jitter_ms, self.jitter_ms)) / 1000.0
+
+    def write(self, path: Path) -> None:
+        """Store it where a running relay reads it (atomically)."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(path)
+
+
+def release_times(read_at: Sequence[float], holds: Sequence[float]) -> list[float]:
+    """When each chunk is passed on: ``max(previous release, read time + hold)``, never out of order."""
+    out: list[float] = []
+    last = float("-inf")
+    for t, hold in zip(read_at, holds, strict=True):
+        last = max(last, t + hold)
+        out.append(last)
+    return out
+
+
+class DelayRelay:
+    """Relay TCP connections from ``listen`` to ``target``, delaying every chunk each way."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int], settings: Path, seed: int = 0) -> None:
+        self.listen = listen
+        self.target = target
+        self.settings = settings
+        self.rng = random.Random(seed)
+        self._delay = Delay()
+        self._mtime = 0.0
+
+    def delay(self) -> Delay:
+        """The current setting (the settings file re-read when it changed; kept if it is unreadable)."""
+        try:
+            mtime = self.settings.stat().st_mtime
+            if mtime != self._mtime:
+                self._delay = Delay(**json.loads(self.settings.read_text()))
+                self._mtime = mtime
+        except (OSError, ValueError, TypeError):
+            pass
+        return self._delay
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        async def send() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+            with contextlib.suppress(OSError):
+                writer.write_eof()
+
+        sender = asyncio.create_task(send())
+        last = float("-inf")
+        try:
+            while data := await reader.read(CHUNK):
+                last = max(last, loop.time() + self.delay().draw(self.rng))
+                queue.put_nowait((last, data))
+        except (ConnectionError, OSError):
+            pass
+        queue.put_nowait((last, b""))
+        with contextlib.suppress(ConnectionError, OSError):
+            await sender
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_writer.close()
+            return
+        await asyncio.gather(self._pipe(client_reader, up_writer), self._pipe(up_reader, client_writer))
+        for w in (client_writer, up_writer):
+            w.close()
+
+    async def run(self) -> None:
+        """Serve until cancelled."""
+        server = await asyncio.start_server(self._serve, *self.listen)
+        print(
+            f"[deploy.chaos] relay {self.listen[0]}:{self.listen[1]} -> {self.target[0]}:{self.target[1]}", flush=True
+        )
+        async with server:
+            await server.serve_forever()
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m deploy.chaos relay --listen H:P --to H:P --settings FILE [--seed N]``."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    relay = sub.add_parser("relay", help="a TCP relay that delays every chunk (settings: a JSON file)")
+    relay.add_argument("--listen", required=True, help="HOST:PORT to accept connections on")
+    relay.add_argument("--to", required=True, help="HOST:PORT to relay them to")
+    relay.add_argument(
+        "--settings", type=Path, required=True, help='JSON {"ms": 100, "jitter_ms": 30}, re-read on change'
+    )
+    relay.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(DelayRelay(_address(args.listen), _address(args.to), args.settings, args.seed).run())
+    print(f"[deploy.chaos] relay stopped after {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
