@@ -8,7 +8,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup data demo test test-deploy compose-tool test-gpu certs lint typecheck unit loopback clean
+.PHONY: setup data demo test test-deploy compose-tool test-chaos chaos-tools test-gpu certs lint typecheck unit loopback clean
 
 SETUP_LOG := $(VENV)/setup.log
 
@@ -57,7 +57,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy .
 
 unit: setup
-	$(BIN)/pytest -m "not slow and not deploy"
+	$(BIN)/pytest -m "not slow and not deploy and not chaos"
 
 test: setup lint typecheck
 	$(BIN)/pytest
@@ -75,6 +75,20 @@ compose-tool:
 # real-deployment suite (namespaces, TLS, SuperNode kill, cgroup memory, ServerApp kill + resume, compose config); root for namespaces
 test-deploy: setup compose-tool
 	$(BIN)/pytest -m deploy
+
+# nftables for the chaos suite's packet loss (deploy/chaos.py), where apt-get runs
+chaos-tools:
+	@if ! command -v nft >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1; then \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get install -y -q --no-install-recommends nftables >/dev/null 2>&1 \
+			|| { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends nftables >/dev/null; }; \
+		else echo "no nft: install nftables" >&2; fi; \
+	fi
+
+# faults and attacks on a real 10-SuperNode deployment in network namespaces (tests/test_chaos*.py); root
+test-chaos: setup chaos-tools
+	$(BIN)/pytest -m chaos
 
 # the same work on a CUDA GPU as on the CPU (tests/test_gpu.py); needs a machine with one (CI has none)
 test-gpu: setup

@@ -27,12 +27,29 @@ import asyncio
 import contextlib
 import json
 import random
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+from deploy.launch import (
+    Cluster,
+    Ports,
+    _wait_port,
+    node_config_for,
+    submit_run,
+    superlink_command,
+    supernode_command,
+    supernode_names,
+    wait_rounds,
+    write_connection,
+)
+from deploy.netns import HostNetwork
+from experiment.outputs import ROUNDS_FILE
 
 #: The nftables table the chaos rules live in (one per namespace).
 TABLE = "hetfl_chaos"
@@ -191,6 +208,132 @@ class DelayRelay:
         )
         async with server:
             await server.serve_forever()
+
+
+@dataclass
+class RunResult:
+    """One run on a :class:`ChaosCluster`: its ``rounds.jsonl`` rows and wall time."""
+
+    name: str
+    rows: list[dict[str, Any]]
+    seconds: float
+
+    def round_seconds(self, first: int = 1) -> list[float]:
+        """Server-side seconds of rounds ``first``..N."""
+        return [float(r["seconds"]) for r in self.rows if r["round"] >= first]
+
+
+class ChaosCluster:
+    """A SuperLink and ``nodes`` SuperNodes, each in its own network namespace, each behind a relay.
+
+    The SuperLink runs in the server namespace (:class:`deploy.netns.HostNetwork`); SuperNode
+    ``i`` runs in namespace ``i`` and dials ``10.231.i.1:RELAY_PORT``, where a
+    :class:`DelayRelay` (in the server namespace) passes its gRPC stream on to the SuperLink's
+    Fleet API.  :meth:`set_faults` sets every link's loss (nftables, in the node's namespace)
+    and delay (the relays' shared settings file) between runs.  Tiers repeat ``tiers`` in order.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        nodes: int = 10,
+        tiers: Sequence[str] = ("weak", "medium", "strong"),
+        ports: Ports | None = None,
+        relay_port: int = 19790,
+    ) -> None:
+        self.root = root
+        self.tiers = [tiers[i % len(tiers)] for i in range(nodes)]
+        self.names = supernode_names(self.tiers)
+        self.ports = ports or Ports(fleet=19792, control=19793, supernode=19794)
+        self.relay_port = relay_port
+        self.home = root / "flwr-home"
+        self.settings = root / "delay.json"
+        self.net = HostNetwork(nodes=nodes)
+        self.cluster: Cluster | None = None
+
+    @property
+    def server(self) -> list[str]:
+        """Command prefix of the SuperLink's namespace."""
+        return self.net.prefix(self.net.server)
+
+    def node(self, i: int) -> list[str]:
+        """Command prefix of SuperNode ``i``'s namespace."""
+        return self.net.prefix(self.net.node(i))
+
+    def start(self, supernode_timeout: float = 300.0) -> ChaosCluster:
+        """Namespaces, SuperLink, relays, SuperNodes; returns once every SuperNode has registered."""
+        if shutil.which("nft") is None:
+            raise ChaosError("the 'nft' tool (nftables) is not installed: `apt-get install nftables`")
+        self.root.mkdir(parents=True, exist_ok=True)
+        Delay().write(self.settings)
+        write_connection(self.home, "chaos", self.ports)  # the CLI runs in the SuperLink's namespace
+        self.net.create()
+        try:
+            self.cluster = Cluster(self.home, self.root / "logs")
+            self.cluster.start("superlink", superlink_command(
+                fleet_address=f"127.0.0.1:{self.ports.fleet}", host="127.0.0.1", port=self.ports.control,
+                database=self.home / "state.db",
+            ), prefix=self.server)  # fmt: skip
+            _wait_port(self.ports.fleet, prefix=self.server)
+            _wait_port(self.ports.control, prefix=self.server)
+            for i in range(self.net.nodes):
+                self.cluster.start(f"relay-{i}", [
+                    sys.executable, "-m", "deploy.chaos", "relay", "--listen",
+                    f"{self.net.server_address(i)}:{self.relay_port}", "--to", f"127.0.0.1:{self.ports.fleet}",
+                    "--settings", str(self.settings), "--seed", str(i),
+                ], prefix=self.server)  # fmt: skip
+            for i in range(self.net.nodes):
+                self.cluster.wait_log(f"relay-{i}", r"relay .* -> ", 60)
+                set_loss(self.node(i), 0)
+                self.cluster.start(self.names[i], supernode_command(
+                    superlink=f"{self.net.server_address(i)}:{self.relay_port}",
+                    node_config=node_config_for(i, self.tiers), port=self.ports.supernode,
+                ), prefix=self.node(i))  # fmt: skip
+            for name in self.names:
+                self.cluster.wait_log(name, r"SuperNode ID: \d+", supernode_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def set_faults(self, *, loss_percent: int = 0, delay: Delay | None = None) -> None:
+        """Every link's loss and delay from now on (0 and no delay: clean)."""
+        for i in range(self.net.nodes):
+            set_loss(self.node(i), loss_percent)
+        (delay or Delay()).write(self.settings)
+
+    def dropped(self) -> int:
+        """Packets the loss rules dropped so far, all nodes, both ways."""
+        return sum(dropped_packets(self.node(i)) for i in range(self.net.nodes))
+
+    def run(self, name: str, run_config: str, rounds: int, timeout: float = 900.0) -> RunResult:
+        """Submit a run of ``rounds`` rounds, wait for its last round; its rows and wall time."""
+        if self.cluster is None:
+            raise ChaosError("the cluster is not started")
+        results = self.root / "results"
+        cfg = f"min-available-nodes={self.net.nodes} num-server-rounds={rounds} {run_config}"
+        started = time.monotonic()
+        run = submit_run(self.cluster, "chaos", run_config=cfg, results_dir=results, run_name=name, prefix=self.server)
+        wait_rounds(results / name, rounds, timeout, alive=self.cluster.procs["superlink"])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.wait(timeout=120)
+        seconds = time.monotonic() - started
+        rows = [json.loads(x) for x in (results / name / ROUNDS_FILE).read_text().splitlines() if x.strip()]
+        return RunResult(name, rows, seconds)
+
+    def stop(self) -> None:
+        """Stop every process, remove the namespaces."""
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+        self.net.remove()
+
+    def __enter__(self) -> ChaosCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -44,15 +44,9 @@ from typing import Any, Literal
 
 from deploy.claims import Claim, ClaimError, best_value, claims_markdown, parse_claims
 from deploy.console import RoundTail
-from deploy.launch import (
-    ROOT,
-    check_gpus_per_client,
-    merge_overrides,
-    parse_pairs,
-    run_config_pairs,
-    run_simulation,
-)
+from deploy.launch import ROOT, check_gpus_per_client, run_simulation
 from deploy.locks import file_lock
+from deploy.overrides import merge_overrides, parse_pairs, run_config_pairs
 
 SUITES_DIR = ROOT / "deploy" / "suites"
 #: ``seed`` of a suite's first seed unless its preset says otherwise; seed ``i`` (0-based) runs

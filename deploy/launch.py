@@ -42,8 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from client.warm import enabled as warm_enabled
 from client.warm import shim_dir
 from deploy.console import RoundTail, run_warnings, verdict_lines
 from deploy.locks import SIMULATION_LOCK, file_lock
+from deploy.overrides import config_file_overrides, merge_overrides
 from deploy.processes import stop_processes, superlink_pids
 from deploy.ray_cluster import ForeignSuperLinkError, RayAddressError, check_no_foreign_superlink, check_ray_address
 from experiment.outputs import ROUNDS_FILE, SUMMARY_FILE
@@ -99,60 +99,6 @@ def flower_home(given: Path | None) -> Iterator[Path]:
         yield home
     finally:
         shutil.rmtree(home, ignore_errors=True)
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        if "'" in value:
-            raise ValueError(f"run-config string values may not contain a single quote: {value!r}")
-        return f"'{value}'"
-    raise ValueError(f"unsupported run-config value {value!r} (strings, numbers and booleans only)")
-
-
-def config_file_overrides(path: Path) -> str:
-    """A run-config TOML file (flat ``key = value`` lines) as ``k='v' k2=2`` overrides.
-
-    ``flwr run`` takes either one TOML file or ``k=v`` pairs, not both; the launcher adds its
-    own pairs (results folder, run name), so files are turned into pairs here.
-    """
-    with path.open("rb") as f:
-        table = tomllib.load(f)
-    nested = [k for k, v in table.items() if isinstance(v, dict)]
-    if nested:
-        raise ValueError(f"{path}: expected flat 'key = value' lines, got tables {nested}")
-    return run_config_pairs(table)
-
-
-def run_config_pairs(values: Mapping[str, object]) -> str:
-    """``{key: value}`` as ``k='v' k2=2`` (the ``--run-config`` form; strings, numbers, booleans)."""
-    return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())
-
-
-#: ``key=value`` pairs as ``flwr run --run-config`` reads them (quoted values may hold spaces).
-_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
-
-
-def parse_pairs(text: str) -> dict[str, str]:
-    """The ``key -> raw value`` pairs of a ``k=v`` run-config string (a later repeat of a key wins)."""
-    return dict(_PAIR.findall(text))
-
-
-def merge_overrides(*overrides: str) -> str:
-    """Join ``k=v`` override strings; a later value of a key replaces an earlier one.
-
-    (``flwr run`` parses one ``--run-config`` string as a TOML document, where a repeated
-    key is an error.)
-    """
-    merged: dict[str, str] = {}
-    for text in overrides:
-        for key, value in _PAIR.findall(text):
-            merged.pop(key, None)
-            merged[key] = value
-    return " ".join(f"{k}={v}" for k, v in merged.items())
 
 
 def _run_config_arg(run_config: str, results_dir: Path, run_name: str) -> str:

@@ -88,7 +88,7 @@ LONG_FILES = {
     "strategies/base.py": 920,
     "strategies/pfedknow.py": 895,
     "experiment/config.py": 995,
-    "deploy/launch.py": 789,
+    "deploy/launch.py": 773,
     "deploy/experiments.py": 850,
 }
 

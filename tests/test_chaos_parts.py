@@ -129,10 +129,11 @@ def _delivered(net: HostNetwork) -> int:
     return int(out)
 
 
+@pytest.mark.chaos
 def test_loss_rules_drop_packets_inside_a_namespace_only() -> None:
     reason = namespaces_available(("ip", "nft"))
     if reason is not None:
-        pytest.skip(reason)
+        pytest.fail(f"the chaos suite needs network namespaces and nftables: {reason} (`make chaos-tools` as root)")
     with HostNetwork(nodes=1) as net:
         node = net.prefix(net.node(0))
         set_loss(node, 100)
