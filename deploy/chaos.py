@@ -307,20 +307,34 @@ class ChaosCluster:
         """Packets the loss rules dropped so far, all nodes, both ways."""
         return sum(dropped_packets(self.node(i)) for i in range(self.net.nodes))
 
-    def run(self, name: str, run_config: str, rounds: int, timeout: float = 900.0) -> RunResult:
-        """Submit a run of ``rounds`` rounds, wait for its last round; its rows and wall time."""
+    @property
+    def processes(self) -> Cluster:
+        """The cluster's processes (:class:`deploy.launch.Cluster`); :class:`ChaosError` if not started."""
         if self.cluster is None:
             raise ChaosError("the cluster is not started")
-        results = self.root / "results"
+        return self.cluster
+
+    def submit(self, name: str, run_config: str, rounds: int) -> float:
+        """Submit a run of ``rounds`` rounds in the background; returns when (``time.monotonic``)."""
         cfg = f"min-available-nodes={self.net.nodes} num-server-rounds={rounds} {run_config}"
-        started = time.monotonic()
-        run = submit_run(self.cluster, "chaos", run_config=cfg, results_dir=results, run_name=name, prefix=self.server)
-        wait_rounds(results / name, rounds, timeout, alive=self.cluster.procs["superlink"])
+        submit_run(
+            self.processes, "chaos", run_config=cfg, results_dir=self.root / "results", run_name=name,
+            prefix=self.server,
+        )  # fmt: skip
+        return time.monotonic()
+
+    def finish(self, name: str, rounds: int, started: float, timeout: float = 900.0) -> RunResult:
+        """Wait for round ``rounds`` of the run ``name`` submitted at ``started``; its rows and wall time."""
+        folder = self.root / "results" / name
+        wait_rounds(folder, rounds, timeout, alive=self.processes.procs["superlink"])
         with contextlib.suppress(subprocess.TimeoutExpired):
-            run.wait(timeout=120)
-        seconds = time.monotonic() - started
-        rows = [json.loads(x) for x in (results / name / ROUNDS_FILE).read_text().splitlines() if x.strip()]
-        return RunResult(name, rows, seconds)
+            self.processes.procs["run"].wait(timeout=120)
+        rows = [json.loads(x) for x in (folder / ROUNDS_FILE).read_text().splitlines() if x.strip()]
+        return RunResult(name, rows, time.monotonic() - started)
+
+    def run(self, name: str, run_config: str, rounds: int, timeout: float = 900.0) -> RunResult:
+        """Submit a run of ``rounds`` rounds and wait for its last round."""
+        return self.finish(name, rounds, self.submit(name, run_config, rounds), timeout)
 
     def stop(self) -> None:
         """Stop every process, remove the namespaces."""
