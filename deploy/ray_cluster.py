@@ -151,10 +151,14 @@ class LocalRayCluster:
         ]  # fmt: skip
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
+        # "0" (the Makefile exports it) makes `ray start --address` refuse worker nodes even on
+        # Linux (ray_constants.ENABLE_RAY_CLUSTER); unset, Ray enables them everywhere but Windows/macOS
+        env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
         node = RayNode(name, cpus, proc)
+        self.nodes.append(node)  # stopped with the others even if it never reports started
         started = threading.Event()
 
         def pump() -> None:
@@ -170,7 +174,6 @@ class LocalRayCluster:
         while not started.wait(0.2):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"ray node {name} did not start:\n{''.join(node.output[-30:])}")
-        self.nodes.append(node)
         return node
 
     def start(self) -> LocalRayCluster:
@@ -181,9 +184,13 @@ class LocalRayCluster:
             "--head", f"--port={self.port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
             f"--temp-dir={self.temp_dir}",
         ]  # fmt: skip
-        self._start("head", self.cpus[0], head_args)
-        for i, cpus in enumerate(self.cpus[1:], start=1):
-            self._start(f"worker-{i}", cpus, [f"--address={self.address}", "--node-ip-address=127.0.0.1"])
+        try:
+            self._start("head", self.cpus[0], head_args)
+            for i, cpus in enumerate(self.cpus[1:], start=1):
+                self._start(f"worker-{i}", cpus, [f"--address={self.address}", "--node-ip-address=127.0.0.1"])
+        except BaseException:
+            self.stop()  # the nodes that did start
+            raise
         return self
 
     def node_of(self, pid: int) -> str | None:

@@ -101,7 +101,11 @@ class ActorWatch(threading.Thread):
 @pytest.mark.slow
 @pytest.mark.deploy
 @pytest.mark.timeout(900)
-def test_a_simulation_spreads_its_virtual_clients_over_two_ray_nodes(tmp_path: Path) -> None:
+def test_a_simulation_spreads_its_virtual_clients_over_two_ray_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as under `make`, which exports it: "0" would make `ray start --address` refuse a worker node
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     with LocalRayCluster(cpus=(1, 1), port=6390) as cluster:
         watch = ActorWatch(cluster)
         watch.start()
