@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
@@ -40,3 +41,8 @@ def tiny_depths() -> dict[str, int]:
 def read_rounds(folder: Path) -> list[dict[str, Any]]:
     """Rows of ``rounds.jsonl``."""
     return [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines() if line.strip()]
+
+
+def node_ids(log: str) -> list[int]:
+    """Every ``SuperNode ID: N`` a SuperNode logged, in order."""
+    return [int(x) for x in re.findall(r"SuperNode ID: (\d+)", log)]

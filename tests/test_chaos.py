@@ -8,7 +8,6 @@ is bounded in time and asserts what the system did.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 
 from deploy.chaos import ChaosCluster, Delay
 from deploy.netns import namespaces_available
-from tests.flower_runs import TINY, tiny_budgets
+from tests.flower_runs import TINY, node_ids, tiny_budgets
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -40,11 +39,6 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosCluster]:
 
 def _config(round_timeout: float = 180.0) -> str:
     return f"{TINY} tier-memory-mb='{tiny_budgets()}' round-timeout={round_timeout}"
-
-
-def node_ids(log: str) -> list[int]:
-    """Every ``SuperNode ID: N`` a SuperNode logged, in order."""
-    return [int(x) for x in re.findall(r"SuperNode ID: (\d+)", log)]
 
 
 def _rounds_once(rows: list[dict], rounds: int) -> None:

@@ -3,7 +3,6 @@ the next round runs without it, and the restarted SuperNode rejoins (under a new
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from deploy.launch import (
     wait_rounds,
     write_connection,
 )
-from tests.flower_runs import TINY, read_rounds, tiny_budgets
+from tests.flower_runs import TINY, node_ids, read_rounds, tiny_budgets
 
 PORTS = Ports(fleet=19492, control=19493, supernode=19494)
 TIERS = ["weak", "medium", "strong"]
@@ -40,11 +39,6 @@ def clientapp_pids(group: int) -> list[int]:
         if int(fields[2]) == group and (b"flwr-clientapp" in cmdline or head.endswith("(flwr-clientapp")):
             pids.append(int(stat.parent.name))
     return pids
-
-
-def node_ids(log: str) -> list[int]:
-    """Every ``SuperNode ID: N`` a SuperNode logged, in order."""
-    return [int(x) for x in re.findall(r"SuperNode ID: (\d+)", log)]
 
 
 @pytest.mark.slow
