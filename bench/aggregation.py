@@ -55,7 +55,8 @@ from bench.heterofl_aggregation import Timing
 from experiment import registry
 from experiment.config import RunConfig
 from server.app import build_strategy
-from strategies.base import HeterogeneousStrategy, NodeProfile, Sent
+from strategies.base import HeterogeneousStrategy, Sent
+from strategies.profiles import NodeProfile
 from strategies.validation import _header_bytes, _npy_header
 
 _MB = 1024 * 1024

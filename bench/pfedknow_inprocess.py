@@ -36,9 +36,9 @@ from experiment.config import RunConfig
 from models.data import load_partition
 from models.training import evaluate_classifier
 from server.app import build_strategy
-from strategies.base import NodeProfile
 from strategies.codistill import batch_size_of
 from strategies.pfedknow import PFedKnow, personalization_split
+from strategies.profiles import NodeProfile
 
 TaskIdentity._run_id = 1  # type: ignore[attr-defined]
 TaskIdentity._node_id = 0  # type: ignore[attr-defined]

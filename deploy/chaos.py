@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.launch import (
+    ROOT,
     Cluster,
     Ports,
     _wait_port,
@@ -45,7 +46,6 @@ from deploy.launch import (
     superlink_command,
     supernode_command,
     supernode_names,
-    wait_rounds,
     write_connection,
 )
 from deploy.netns import HostNetwork
@@ -210,6 +210,24 @@ class DelayRelay:
             await server.serve_forever()
 
 
+#: What ``flwr run --stream`` prints when the run's ServerApp died of an exception.
+SERVERAPP_FAILED = "An unhandled exception occurred in the ServerApp"
+
+
+def read_rows(folder: Path) -> list[dict[str, Any]]:
+    """The rows of ``folder``'s ``rounds.jsonl`` so far (none before it exists)."""
+    path = folder / ROUNDS_FILE
+    lines = [line for line in (path.read_text() if path.exists() else "").splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:  # only the last line may be in the middle of being written
+                raise
+    return rows
+
+
 @dataclass
 class RunResult:
     """One run on a :class:`ChaosCluster`: its ``rounds.jsonl`` rows and wall time."""
@@ -251,6 +269,9 @@ class ChaosCluster:
         self.settings = root / "delay.json"
         self.net = HostNetwork(nodes=nodes)
         self.cluster: Cluster | None = None
+        #: Runs finished on this cluster: name -> ((run config, rounds, app), result).
+        self.finished: dict[str, tuple[tuple[str, int, Path], RunResult]] = {}
+        self._run_log_at = 0  # where the latest submission's CLI output begins in the "run" log
 
     @property
     def server(self) -> list[str]:
@@ -314,27 +335,79 @@ class ChaosCluster:
             raise ChaosError("the cluster is not started")
         return self.cluster
 
-    def submit(self, name: str, run_config: str, rounds: int) -> float:
-        """Submit a run of ``rounds`` rounds in the background; returns when (``time.monotonic``)."""
+    def submit(self, name: str, run_config: str, rounds: int, app: Path = ROOT) -> float:
+        """Submit a run of ``rounds`` rounds of ``app`` in the background; returns when (``time.monotonic``)."""
         cfg = f"min-available-nodes={self.net.nodes} num-server-rounds={rounds} {run_config}"
+        self._run_log_at = len(self.processes.log("run"))
         submit_run(
             self.processes, "chaos", run_config=cfg, results_dir=self.root / "results", run_name=name,
-            prefix=self.server,
+            prefix=self.server, app=app,
         )  # fmt: skip
         return time.monotonic()
 
     def finish(self, name: str, rounds: int, started: float, timeout: float = 900.0) -> RunResult:
         """Wait for round ``rounds`` of the run ``name`` submitted at ``started``; its rows and wall time."""
         folder = self.root / "results" / name
-        wait_rounds(folder, rounds, timeout, alive=self.processes.procs["superlink"])
+        procs, deadline = self.processes.procs, time.monotonic() + timeout
+        while len(read_rows(folder)) <= rounds:  # row 0 is the initial evaluation
+            output = self.run_output()
+            failed = procs["run"].poll() not in (None, 0)
+            if failed and (not (folder / ROUNDS_FILE).exists() or SERVERAPP_FAILED in output):
+                raise ChaosError(f"run {name!r} failed (`flwr run` exit {procs['run'].returncode}):\n{output[-3000:]}")
+            if procs["superlink"].poll() is not None:
+                raise ChaosError(f"the SuperLink exited ({procs['superlink'].returncode}) during run {name!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {name!r}: round {rounds} not written after {timeout:.0f} s")
+            time.sleep(0.5)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.processes.procs["run"].wait(timeout=120)
-        rows = [json.loads(x) for x in (folder / ROUNDS_FILE).read_text().splitlines() if x.strip()]
-        return RunResult(name, rows, time.monotonic() - started)
+        return RunResult(name, read_rows(folder), time.monotonic() - started)
 
-    def run(self, name: str, run_config: str, rounds: int, timeout: float = 900.0) -> RunResult:
-        """Submit a run of ``rounds`` rounds and wait for its last round."""
-        return self.finish(name, rounds, self.submit(name, run_config, rounds), timeout)
+    def run_output(self) -> str:
+        """What ``flwr run --stream`` printed for the latest submission: the ServerApp's log."""
+        return self.processes.log("run")[self._run_log_at :]
+
+    def run(self, name: str, run_config: str, rounds: int, timeout: float = 900.0, app: Path = ROOT) -> RunResult:
+        """Submit a run of ``rounds`` rounds of ``app`` and wait for its last round."""
+        result = self.finish(name, rounds, self.submit(name, run_config, rounds, app), timeout)
+        self.finished[name] = ((run_config, rounds, app), result)
+        return result
+
+    def run_once(self, name: str, run_config: str, rounds: int) -> RunResult:
+        """:meth:`run`, unless a run ``name`` with these settings already finished on this cluster (its result).
+
+        Cases that compare against the same clean run share it (each is minutes of the suite's budget).
+        """
+        hit = self.finished.get(name)
+        if hit is not None and hit[0] == (run_config, rounds, ROOT):
+            return hit[1]
+        return self.run(name, run_config, rounds)
+
+    def wait_checkpoint(self, name: str, server_round: int, timeout: float = 600.0) -> Path:
+        """Wait until the run ``name`` has checkpointed round ``server_round``; the checkpoint's path."""
+        path = self.root / "results" / name / "checkpoints" / f"round-{server_round:06d}.ckpt"
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if self.processes.procs["superlink"].poll() is not None:
+                raise ChaosError(f"the SuperLink exited before run {name!r} checkpointed round {server_round}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {name!r}: no checkpoint of round {server_round} after {timeout:.0f} s")
+            time.sleep(0.05)
+        return path
+
+    def restart_superlink(self, down_seconds: float = 3.0) -> None:
+        """SIGKILL the SuperLink with the ServerApp it runs, and start it again on its database.
+
+        The process group goes (a crash of the server host's Flower processes); after
+        ``down_seconds`` the SuperLink is started with the same command (the same ``--database``),
+        and this returns once its Fleet and Control APIs listen again.
+        """
+        cluster = self.processes
+        cluster.kill("superlink")
+        time.sleep(down_seconds)
+        cluster.restart("superlink")
+        _wait_port(self.ports.fleet, prefix=self.server)
+        _wait_port(self.ports.control, prefix=self.server)
 
     def stop(self) -> None:
         """Stop every process, remove the namespaces."""

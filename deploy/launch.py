@@ -38,6 +38,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -326,8 +327,6 @@ def write_connection(
 
 
 def _wait_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> None:
-    import socket
-
     deadline = time.time() + timeout
     while time.time() < deadline:
         if prefix:  # inside another network namespace: probe from there
@@ -458,11 +457,12 @@ def submit_run(
     results_dir: Path,
     run_name: str,
     prefix: Sequence[str] = (),
+    app: Path = ROOT,
 ) -> subprocess.Popen[bytes]:
-    """``flwr run . CONNECTION --stream`` in the background; its output is ``cluster.log("run")``."""
+    """``flwr run APP CONNECTION --stream`` in the background (APP: this project); its log is ``cluster.log("run")``."""
     return cluster.start(
         "run",
-        [str(BIN / "flwr"), "run", str(ROOT), connection, "--stream",
+        [str(BIN / "flwr"), "run", str(app), connection, "--stream",
          "--run-config", _run_config_arg(run_config, results_dir, run_name)],
         prefix=prefix,
     )  # fmt: skip

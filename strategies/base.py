@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -76,7 +75,10 @@ from experiment.protocol import (
 )
 from models.catalog import VariantCatalog
 from strategies.grid import HeldArrays, HeldArraysGrid, PromptGrid
+from strategies.profiles import NodeProfile
+from strategies.pull_bound import reply_bound
 from strategies.records import ArrayCache, State, compose, decompose, record_nbytes, to_record
+from strategies.replay import ReplayGuard, weights_fingerprint
 from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
 from strategies.validation import (
@@ -118,56 +120,6 @@ def nothing_to_train_message(server_round: int, declined: Sequence[tuple[str, st
         fixes.append("check the data keys the reason names ('dataset', 'partitioner', 'dirichlet-alpha')")
     fix = ("; " + "; ".join(fixes)) if fixes else ""
     return f"nothing to train in round {server_round}: all {len(declined)} connected nodes declined ({lines}){fix}"
-
-
-@dataclass
-class NodeProfile:
-    """What a node reported in the handshake."""
-
-    node_id: int
-    tier: str
-    memory_mb: float
-    num_examples: int
-    labeled: bool
-    variant: str | None
-    reason: str
-    key: str = ""
-
-    @classmethod
-    def from_reply(cls, node_id: int, reply: ProfileReply) -> NodeProfile:
-        """The profile a node sent in its ``query`` reply (``variant`` ``""``: declined)."""
-        return cls(
-            node_id=node_id,
-            tier=reply.tier,
-            memory_mb=reply.memory_mb,
-            num_examples=reply.num_examples,
-            labeled=reply.labeled,
-            variant=reply.variant or None,
-            reason=reply.reason,
-            key=reply.node_key,
-        )
-
-    @property
-    def stable_key(self) -> str:
-        """Identity that survives a restart: the node's ``node-key`` (e.g. ``partition-3``), else its id.
-
-        Simulation gives nodes new random ids in every run; per-node server state is matched
-        to the restarted node through this key when a run resumes.
-        """
-        return self.key or f"node-{self.node_id}"
-
-    @property
-    def sampling_order(self) -> tuple[int, tuple[tuple[int, int | str], ...], int]:
-        """Where the node stands when a round's sample is drawn: by its ``node-key``, else by its id.
-
-        Keys sort naturally (``partition-2`` before ``partition-10``); nodes without a key come
-        first, by id. Simulation gives nodes new random ids in every run: drawing from the nodes in
-        key order lets the same seed sample the same partitions in every run (paired comparisons).
-        """
-        if not self.key:
-            return (0, (), self.node_id)
-        parts = re.split(r"(\d+)", self.key)
-        return (1, tuple((0, int(t)) if t.isdigit() else (1, t) for t in parts), 0)
 
 
 @dataclass
@@ -323,6 +275,7 @@ class HeterogeneousStrategy(Strategy):
         self.robust_aggregation = robust_aggregation
         self.round_offset = 0
         self._restored_nodes: dict[str, int] = {}
+        self.replays = ReplayGuard()  # fingerprints of accepted train replies (strategies.replay)
         #: Warnings about the nodes' choices (a variant no node trains), repeated in the final verdict.
         self.plan_warnings: list[str] = []
 
@@ -341,7 +294,8 @@ class HeterogeneousStrategy(Strategy):
         """The complete server state after the current round (tensors, numbers, strings only).
 
         ``{"strategy": class name, "state": {variant: {param: Tensor}}, "rng": sampling RNG
-        state, "nodes": {node id: stable key}, "method": method_state()}``.
+        state, "nodes": {node id: stable key}, "method": method_state(), "replays": the
+        accepted train replies' fingerprints (:class:`strategies.replay.ReplayGuard`)}``.
         """
         return {
             "strategy": type(self).__name__,
@@ -353,6 +307,7 @@ class HeterogeneousStrategy(Strategy):
                 **{n: p.stable_key for n, p in self.profiles.items()},
             },
             "method": self.method_state(),
+            "replays": self.replays.state(),
         }
 
     def load_checkpoint_state(self, data: Mapping[str, Any], server_round: int) -> ArrayRecord:
@@ -381,6 +336,7 @@ class HeterogeneousStrategy(Strategy):
         nodes = data.get("nodes", {})
         self._restored_nodes = {str(key): int(node) for node, key in nodes.items()}
         self.load_method_state(data.get("method", {}))
+        self.replays = ReplayGuard.from_state(data.get("replays", {}))  # absent in older checkpoints
         self.round_offset = self.current_round = server_round
         self.reports.clear()
         return record
@@ -443,10 +399,12 @@ class HeterogeneousStrategy(Strategy):
         """Flower's round loop (``Strategy.start``) on a :class:`HeldArraysGrid` around ``grid``.
 
         ``HETFL_REPLY_POLL_S`` (default 0.2) sets its poll interval; 3 reproduces Flower's own.
-        A grid that already is a :class:`PromptGrid` (tests) is used as it is.
+        A grid that already is a :class:`PromptGrid` (tests) is used as it is.  Each reply is
+        pulled within :func:`strategies.pull_bound.reply_bound` bytes of this catalog.
         """
         poll = float(os.environ.get("HETFL_REPLY_POLL_S", "0.2"))
-        wrapped = grid if isinstance(grid, PromptGrid) else HeldArraysGrid(grid, self.held, poll)
+        bound = reply_bound([self.catalog])
+        wrapped = grid if isinstance(grid, PromptGrid) else HeldArraysGrid(grid, self.held, poll, bound)
         return super().start(wrapped, *args, **kwargs)
 
     def report(self, server_round: int) -> RoundReport:
@@ -776,9 +734,12 @@ class HeterogeneousStrategy(Strategy):
                 if profile is not None:
                     validate_examples_claim(n, profile.num_examples)
                 self.check_reply(rec, tensors)
+                fingerprint = weights_fingerprint(tensors)
+                self.replays.check(fingerprint, server_round)
             except ReplyRejected as exc:
                 self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue
+            self.replays.accept(fingerprint, server_round)
             nbytes = record_nbytes(record_of(reply.content, ARRAYS, ArrayRecord))
             yield _Accepted(rec, tensors, n, metrics, nbytes)
         self._report_missing(sent, seen, report, "train")

@@ -38,6 +38,7 @@ from experiment.held import (
 )
 from experiment.protocol import ARRAYS
 from experiment.switches import env_switch
+from strategies.pull_bound import bound_pulls
 
 
 class PromptGrid(Grid):
@@ -49,9 +50,10 @@ class PromptGrid(Grid):
     arrive after ``timeout`` are not collected, ``timeout=None`` waits for all).
     """
 
-    def __init__(self, grid: Grid, poll_interval: float = 0.2) -> None:
+    def __init__(self, grid: Grid, poll_interval: float = 0.2, reply_bound: int | None = None) -> None:
         self.grid = grid
         self.poll_interval = poll_interval
+        self.reply_bound = reply_bound
 
     def set_run(self, run: Any) -> None:  # noqa: D102
         self.grid.set_run(run)
@@ -72,7 +74,10 @@ class PromptGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         return self.grid.push_messages(messages)
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The wrapped grid's replies, each pulled within ``reply_bound`` bytes (:mod:`strategies.pull_bound`)."""
+        if self.reply_bound is not None:
+            bound_pulls(self.grid, self.reply_bound)
         return self.grid.pull_messages(message_ids)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
@@ -257,8 +262,10 @@ class HeldArraysGrid(PromptGrid):
     of the first, as a reply to the first message, so the strategy sees one reply per message.
     """
 
-    def __init__(self, grid: Grid, held: HeldArrays, poll_interval: float = 0.2) -> None:
-        super().__init__(grid, poll_interval)
+    def __init__(
+        self, grid: Grid, held: HeldArrays, poll_interval: float = 0.2, reply_bound: int | None = None
+    ) -> None:
+        super().__init__(grid, poll_interval, reply_bound)
         self.held = held
         self._pushed: dict[str, Message] = {}
         self._resent: dict[str, str] = {}  # resent message id -> first message id
@@ -285,7 +292,7 @@ class HeldArraysGrid(PromptGrid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """Replies to ``message_ids``; a lost held array's message is resent and its reply awaited."""
         out: list[Message] = []
-        for reply in self.grid.pull_messages([self._alias.get(i, i) for i in message_ids]):
+        for reply in super().pull_messages([self._alias.get(i, i) for i in message_ids]):
             got = reply.metadata.reply_to_message_id
             first = self._resent.get(got, got)
             sent = self._pushed.get(first)

@@ -66,7 +66,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any, Unpack
 
 import numpy as np
@@ -96,6 +96,7 @@ from models.sparse import SparsePayloadError, encode_payload, from_wire, payload
 from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions, StrategyStateError
 from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
 from strategies.records import compose, record_nbytes, to_record
+from strategies.replay import weights_fingerprint
 from strategies.validation import (
     ReplyRejected,
     validate_evaluate_reply,
@@ -692,11 +693,12 @@ class PFedKnow(HeterogeneousStrategy):
                 continue
             try:
                 up, nbytes, metrics = self._validate(rec, reply, server_round)
+                fingerprint = weights_fingerprint(up.params)
+                self.replays.check(fingerprint, server_round)
             except ReplyRejected as exc:
-                reason = f"node {rec.node_id} ({rec.variant}): {exc}"
-                log(WARNING, "rejected train reply: %s", reason)
-                report.rejected.append(reason)
+                self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue
+            self.replays.accept(fingerprint, server_round)
             uploads.append(up)
             dense = record_nbytes(to_record(up.params))
             report.add(self.variant, "clients", 1)

@@ -36,6 +36,7 @@ __all__ = [
     "ReplyRejected",
     "all_finite",
     "decode_array",
+    "max_payload_bytes",
     "non_finite_reason",
     "validate_arrays",
     "validate_evaluate_reply",
@@ -69,6 +70,10 @@ def validate_arrays(
         still holds when a sum is not finite (``HeterogeneousStrategy.aggregate_train``).
 
     """
+    payload = sum(len(a.data) for a in arrays.values())
+    bound = max_payload_bytes(expected)
+    if payload > bound:
+        raise ReplyRejected(f"payload of {payload} bytes exceeds the {bound} bytes the layout sent can take")
     got = set(arrays.keys())
     want = set(expected)
     if got != want:
@@ -88,6 +93,20 @@ def validate_arrays(
         if reason is not None:
             raise ReplyRejected(reason)
     return out
+
+
+#: Bytes an ``.npy`` header may take per tensor (NumPy pads it to a multiple of 64; 128 for
+#: these shapes, more only for shapes with very many dimensions).
+NPY_HEADER_BYTES = 4096
+
+
+def max_payload_bytes(expected: Mapping[str, ParamSpec]) -> int:
+    """The largest payload a reply with the tensors ``expected`` can have: data + a header each.
+
+    A reply with more bytes is rejected before any tensor is read (an oversized payload); the
+    per-tensor checks then require the exact data bytes.
+    """
+    return sum(spec.numel * np.dtype(spec.dtype).itemsize + NPY_HEADER_BYTES for spec in expected.values())
 
 
 def non_finite_reason(tensors: Mapping[str, Tensor]) -> str | None:

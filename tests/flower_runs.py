@@ -9,7 +9,18 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from experiment.config import RunConfig
+from server.checkpoint import list_checkpoints, read_checkpoint
+
+#: Final weights of a resumed run vs an uninterrupted one.  Client training is a pure function of
+#: (weights, seed, partition, round) (``client.app.train_seed``) and the server state is restored
+#: bit for bit, so the only freedom left is the order in which replies arrive and are folded into
+#: the float32 weighted sums (``a + w b`` vs ``b + w a`` round differently, e.g. under FMA), which
+#: FedAdam then scales by ``eta / sqrt(v)``: differences of a few float32 ulps per round.  ``local``
+#: sums nothing, so its per-node models must match exactly (they do; the tolerance is shared).
+RESUMED_ATOL, RESUMED_RTOL = 1e-5, 1e-4
 
 #: Tiny model, short rounds: enough to exercise every tier and every message type.
 TINY = (
@@ -46,3 +57,37 @@ def read_rounds(folder: Path) -> list[dict[str, Any]]:
 def node_ids(log: str) -> list[int]:
     """Every ``SuperNode ID: N`` a SuperNode logged, in order."""
     return [int(x) for x in re.findall(r"SuperNode ID: (\d+)", log)]
+
+
+def final_strategy_state(folder: Path, rounds: int) -> dict[str, Any]:
+    """The strategy state in the newest checkpoint of the run in ``folder`` (which must be round ``rounds``'s)."""
+    last, path = list_checkpoints(folder / "checkpoints")[-1]
+    if last != rounds:
+        raise AssertionError(f"{folder}: newest checkpoint is round {last}, expected {rounds}")
+    state: dict[str, Any] = read_checkpoint(path).payload["strategy"]
+    return state
+
+
+def models_by_key(strategy_state: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per-variant models, plus every per-node model under its node's stable key (node ids change per run)."""
+    out = {f"variant {v}": p for v, p in strategy_state["state"].items()}
+    for node, params in strategy_state["method"].get("node-states", {}).items():
+        out[strategy_state["nodes"][node]] = params
+    return out
+
+
+def assert_same_models(reference: Mapping[str, Any], other: Mapping[str, Any]) -> float:
+    """Assert two strategy states hold the same models (:data:`RESUMED_ATOL`); the largest difference.
+
+    Every model is compared under its stable key (:func:`models_by_key`); the key sets must match.
+    """
+    ref, res = models_by_key(reference), models_by_key(other)
+    assert ref.keys() == res.keys(), (sorted(ref), sorted(res))
+    worst = 0.0
+    for key, params in ref.items():
+        for name, t in params.items():
+            torch.testing.assert_close(
+                res[key][name], t, atol=RESUMED_ATOL, rtol=RESUMED_RTOL, msg=f"{key} {name} differs"
+            )
+            worst = max(worst, float((res[key][name] - t).abs().max()))
+    return worst

@@ -77,7 +77,7 @@ def test_the_same_seed_samples_the_same_partitions_whatever_ids_the_nodes_got() 
     """Simulation gives nodes new random ids each run; sampling by node key pairs the runs of a seed."""
     import random
 
-    from strategies.base import NodeProfile
+    from strategies.profiles import NodeProfile
 
     def sampled_partitions(ids: list[int]) -> list[str]:
         s = InclusiveFL(catalog=toy_catalog({"weak": 1, "strong": 2}), seed=7)

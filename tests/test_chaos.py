@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,10 @@ import pytest
 
 from deploy.chaos import ChaosCluster, Delay
 from deploy.netns import namespaces_available
-from tests.flower_runs import TINY, node_ids, tiny_budgets
+from deploy.processes import memory_mb, pids_with
+from strategies.pull_bound import STOPPED
+from tests.flower_runs import TINY, assert_same_models, final_strategy_state, node_ids, tiny_budgets
+from tests.malicious import HOSTILE_PARTITION, OVERSIZED_BYTES, REAGGREGATION_FILE, SCHEDULE, build_test_fab
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -49,7 +53,7 @@ def _rounds_once(rows: list[dict], rounds: int) -> None:
 def test_lossy_slow_links_every_round_completes_once(chaos: ChaosCluster) -> None:
     """5 % loss each way and 100 ± 30 ms each way on every SuperNode's link, against the clean run."""
     chaos.set_faults()
-    clean = chaos.run("clean", _config(), ROUNDS)
+    clean = chaos.run_once("clean", _config(), ROUNDS)
     chaos.set_faults(loss_percent=5, delay=Delay(100, 30))
     try:
         faulty = chaos.run("faulty", _config(), ROUNDS)
@@ -115,3 +119,158 @@ def test_a_flapping_node_holds_no_round_past_the_timeout_and_rejoins(chaos: Chao
     FIGURES.mkdir(parents=True, exist_ok=True)
     (FIGURES / "flapping-node.json").write_text(json.dumps(figures, indent=1))
     print("flapping node:", figures)
+
+
+@pytest.mark.timeout(1500)
+def test_a_restarted_superlink_loses_no_round_and_the_resumed_run_matches_an_uninterrupted_one(
+    chaos: ChaosCluster,
+) -> None:
+    """The SuperLink and its ServerApp SIGKILLed once round 1 is checkpointed, restarted on its database.
+
+    The recovery path of docs/DEPLOYING.md: the SuperNodes reconnect by themselves (Flower retries
+    an unavailable SuperLink) under their node ids, and the run is submitted again with
+    ``resume=true`` (same run name): it continues from the newest checkpoint.
+    """
+    rounds, down = ROUNDS, 3.0
+    chaos.set_faults()
+    cluster = chaos.processes
+    reference = chaos.run_once("clean", _config(), rounds)  # the lossy-links case's clean run, if it ran
+    ids = {name: node_ids(cluster.log(name)) for name in chaos.names}
+    started = chaos.submit("superlink-restart", _config(), rounds)
+    chaos.wait_checkpoint("superlink-restart", 1)
+    sizes = {name: len(cluster.log(name)) for name in chaos.names}
+    killed = time.monotonic()
+    chaos.restart_superlink(down)
+    listening = time.monotonic() - killed
+    retried = {}  # "Connection successful after X seconds and N tries": X counts from the first failed call
+    for name in chaos.names:
+        match = cluster.wait_log(name, r"Connection successful after ([\d.]+) seconds", 300, after=sizes[name])
+        retried[name] = float(match.group(1))
+    reconnected = time.monotonic() - killed
+    at = len(cluster.log("run"))
+    chaos.submit("superlink-restart", f"{_config()} resume=true", rounds)
+    result = chaos.finish("superlink-restart", rounds, started, timeout=1200)
+
+    _rounds_once(result.rows, rounds)
+    assert "round-000001.ckpt" in cluster.log("run")[at:], cluster.log("run")[at:][-3000:]
+    assert {name: node_ids(cluster.log(name)) for name in chaos.names} == ids  # nobody registered again
+    for row in result.rows[2:]:  # the resumed rounds: every node back and training, nothing failed
+        assert sum(t["clients"] for t in row["tiers"].values()) == NODES and row["failed"] == [], row
+        assert row["rejected"] == [], row
+    worst = assert_same_models(
+        final_strategy_state(result_folder(chaos, "clean"), rounds),
+        final_strategy_state(result_folder(chaos, "superlink-restart"), rounds),
+    )
+    figures = {
+        "nodes": NODES, "rounds": rounds, "killed-after-checkpoint-of-round": 1, "down-seconds": down,
+        "superlink-listening-again-after-s": listening, "every-node-reconnected-after-s": reconnected,
+        "node-retry-seconds": sorted(retried.values()), "rounds-lost": 0, "rounds-logged-twice": 0,
+        "max-abs-difference-to-uninterrupted": worst,
+        "reference-round-seconds": reference.round_seconds(), "restarted-round-seconds": result.round_seconds(),
+        "wall-seconds": [reference.seconds, result.seconds],
+    }  # fmt: skip
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    (FIGURES / "superlink-restart.json").write_text(json.dumps(figures, indent=1))
+    print("SuperLink restart:", figures)
+
+
+#: What the server's reason says for each bad reply the hostile node sends (tests/malicious.py).
+HOSTILE_REASONS = {
+    2: "keys differ from the layout sent",
+    3: "shape",
+    4: "dtype",
+    5: "contains NaN or Inf",
+    6: STOPPED,  # stopped while the ServerApp pulled it: a failed reply, not a rejected one
+    7: "node was sent",
+    8: "is for round 7, expected 8",
+    9: "reported in the handshake",
+    10: "replays the weights of a reply accepted in round 1",
+}
+
+
+@pytest.mark.timeout(1500)
+def test_a_hostile_clientapp_is_rejected_each_round_and_never_touches_the_model(
+    chaos: ChaosCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """One SuperNode's ClientApp sends a different bad train reply every round (over the real gRPC path).
+
+    A test FAB (:func:`tests.malicious.build_test_fab`) runs the project's apps with a corrupting
+    mod on the node of partition 1 and a ServerApp that re-aggregates each round without that
+    node's reply: the live model must be bit for bit that one.
+    """
+    assert sorted(HOSTILE_REASONS) == sorted(SCHEDULE)
+    rounds = max(SCHEDULE)
+    chaos.set_faults()
+    cluster = chaos.processes
+    hostile_name = chaos.names[HOSTILE_PARTITION]
+    hostile = node_ids(cluster.log(hostile_name))[-1]
+    app = build_test_fab(tmp_path_factory.mktemp("hostile") / "app")
+    memory = ServerAppMemory(result_folder(chaos, "hostile") / "rounds.jsonl")
+    memory.start()
+    try:
+        result = chaos.run("hostile", _config(), rounds, app=app)
+    finally:
+        memory.done.set()
+        memory.join()
+
+    _rounds_once(result.rows, rounds)
+    assert result.rows[1]["rejected"] == [] and result.rows[1]["failed"] == [], result.rows[1]
+    reasons = {}
+    for row in result.rows[2:]:
+        expected = HOSTILE_REASONS[row["round"]]
+        stopped = expected == STOPPED  # too big to pull: an error reply, listed as failed
+        (reason,) = row["failed"] if stopped else row["rejected"]  # the hostile node's reply, nothing else
+        assert reason.startswith(f"node {hostile} (") and expected in reason, (row["round"], reason)
+        assert row["rejected" if stopped else "failed"] == [], row
+        assert sum(t["clients"] for t in row["tiers"].values()) == NODES - 1, row  # the other nine trained
+        reasons[SCHEDULE[row["round"]][0]] = reason
+    server_log = chaos.run_output()  # the ServerApp's log, streamed by `flwr run --stream`
+    for reason in reasons.values():
+        assert reason in server_log, reason
+    checks = [json.loads(x) for x in (result_folder(chaos, "hostile") / REAGGREGATION_FILE).read_text().splitlines()]
+    assert [c["round"] for c in checks] == list(range(1, rounds + 1)), checks
+    # round 1: the node's honest reply was folded, so the model without it differs (the check can see)
+    assert checks[0]["differences"] and checks[0]["hostile-replies"] == 1, checks[0]
+    for c in checks[1:]:  # rounds 2..: rejected, so the live model is bit for bit the model without it
+        # (a reply stopped while pulled arrives as an error from the ServerApp's own node id)
+        assert c["hostile-replies"] == (0 if HOSTILE_REASONS[c["round"]] == STOPPED else 1), c
+        assert c["differences"] == [], c
+    assert (result_folder(chaos, "hostile") / "summary.csv").exists()  # the run finished
+    figures = {
+        "nodes": NODES, "rounds": rounds, "hostile-node": hostile, "reasons": reasons,
+        "tensors-compared-per-round": [c["tensors"] for c in checks],
+        "round-1-differences-with-the-honest-reply": len(checks[0]["differences"]),
+        "round-seconds": result.round_seconds(), "wall-seconds": result.seconds,
+        "serverapp-peak-rss-mib-per-round": {r: round(v, 1) for r, v in sorted(memory.peaks.items()) if r >= 1},
+        "oversized-payload-bytes": OVERSIZED_BYTES,
+    }  # fmt: skip
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    (FIGURES / "hostile-clientapp.json").write_text(json.dumps(figures, indent=1))
+    print("hostile ClientApp:", figures)
+
+
+class ServerAppMemory(threading.Thread):
+    """Peak RSS (MiB) of the ServerApp processes (``flwr-serverapp``) per round in progress, every 0.2 s.
+
+    The round in progress is the number of rows ``rounds_file`` holds (row 0 is the initial
+    evaluation, so with rows 0..k written round k + 1 runs).
+    """
+
+    def __init__(self, rounds_file: Path) -> None:
+        super().__init__(daemon=True)
+        self.rounds_file = rounds_file
+        self.peaks: dict[int, float] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            text = self.rounds_file.read_text() if self.rounds_file.exists() else ""
+            current = sum(1 for line in text.splitlines() if line.strip())
+            rss = sum(memory_mb(pid)[0] for pid in pids_with("flwr-serverapp"))
+            self.peaks[current] = max(self.peaks.get(current, 0.0), rss)
+            self.done.wait(0.2)
+
+
+def result_folder(chaos: ChaosCluster, name: str) -> Path:
+    """Where the run ``name`` writes its results."""
+    return chaos.root / "results" / name

@@ -29,10 +29,11 @@ from server.checkpoint import (
     write_checkpoint,
 )
 from server.results import ResultsWriter
-from strategies.base import HeterogeneousStrategy, NodeProfile
+from strategies.base import HeterogeneousStrategy
 from strategies.baselines import LocalTraining
 from strategies.heterofl import HeteroFL
 from strategies.inclusivefl import InclusiveFL
+from strategies.profiles import NodeProfile
 from tests.flower_runs import read_rounds
 from tests.toy import constant_state, reply, sent, toy_catalog, trained
 

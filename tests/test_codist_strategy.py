@@ -13,7 +13,6 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch import Tensor, nn
 
 from models.codist import CodistFamily, CodistSize, codist_catalog
-from strategies.base import NodeProfile
 from strategies.codistill import (
     CodistConfigError,
     CoDistillation,
@@ -22,6 +21,7 @@ from strategies.codistill import (
     merged_update,
 )
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
+from strategies.profiles import NodeProfile
 from tests.toy import reply, sent, trained
 
 POOLS = (("small", CodistSize((2, 2, 2), (3, 3))), ("large", CodistSize((3, 3, 3), (4, 4))))

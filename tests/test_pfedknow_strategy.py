@@ -15,8 +15,9 @@ from models.cnn import width_catalog
 from models.family import CNNFamily
 from models.sparse import index_dtype, pack_parts, unpack_parts
 from models.training import TrainSettings
-from strategies.base import NodeProfile, Sent
+from strategies.base import Sent
 from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings
+from strategies.profiles import NodeProfile
 from strategies.records import record_nbytes, to_record
 from tests.toy import reply
 

@@ -14,23 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from deploy.launch import BIN, ROOT, _run_config_arg, flower_env, run_simulation
 from deploy.locks import SIMULATION_LOCK, file_lock
 from deploy.processes import stop_processes, superlink_pids
-from server.checkpoint import list_checkpoints, read_checkpoint
-from tests.flower_runs import TINY, read_rounds, tiny_budgets
+from server.checkpoint import list_checkpoints
+from tests.flower_runs import TINY, assert_same_models, final_strategy_state, read_rounds, tiny_budgets
 
 SUPERNODES = 6
 ROUNDS = 3
-#: Final weights of a resumed run vs an uninterrupted one.  Client training is a pure function of
-#: (weights, seed, partition, round) (``client.app.train_seed``) and the server state is restored
-#: bit for bit, so the only freedom left is the order in which replies arrive and are folded into
-#: the float32 weighted sums (``a + w b`` vs ``b + w a`` round differently, e.g. under FMA), which
-#: FedAdam then scales by ``eta / sqrt(v)``: differences of a few float32 ulps per round.  ``local``
-#: sums nothing, so its per-node models must match exactly (they do; the tolerance is shared).
-ATOL, RTOL = 1e-5, 1e-4
 
 
 def _children() -> dict[int, list[int]]:
@@ -125,20 +117,6 @@ def simulate(tmp_path: Path, name: str, run_config: str) -> tuple[Path, str]:
     return outcome.results, outcome.log
 
 
-def final_state(folder: Path) -> dict:
-    rounds, path = list_checkpoints(folder / "checkpoints")[-1]
-    assert rounds == ROUNDS
-    return read_checkpoint(path).payload["strategy"]
-
-
-def models_by_key(strategy_state: dict) -> dict[str, dict[str, torch.Tensor]]:
-    """Per-variant models, plus every per-node model under its node's stable key (node ids change per run)."""
-    out = {f"variant {v}": p for v, p in strategy_state["state"].items()}
-    for node, params in strategy_state["method"].get("node-states", {}).items():
-        out[strategy_state["nodes"][node]] = params
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.deploy  # kills the ServerApp process mid-run: runs with the deployment suite (`make test-deploy`)
 @pytest.mark.timeout(900)
@@ -167,15 +145,9 @@ def test_killed_server_resumes_without_repeating_rounds_and_matches_an_uninterru
         f"round-{t:06d}.ckpt" for t in range(ROUNDS - 1, ROUNDS + 1)
     ]  # checkpoint-keep = 2
 
-    ref, res = models_by_key(final_state(reference)), models_by_key(final_state(folder))
-    assert ref.keys() == res.keys()  # local: every partition's own model, found again after the restart
-    worst = 0.0
-    for key, params in ref.items():
-        for name, t in params.items():
-            torch.testing.assert_close(res[key][name], t, atol=ATOL, rtol=RTOL, msg=f"{key} {name} differs")
-            worst = max(worst, float((res[key][name] - t).abs().max()))
-    for tier, adam in final_state(reference)["method"].get("adam", {}).items():
-        assert final_state(folder)["method"]["adam"][tier]["step"] == adam["step"] == ROUNDS
+    worst = assert_same_models(final_strategy_state(reference, ROUNDS), final_strategy_state(folder, ROUNDS))
+    for tier, adam in final_strategy_state(reference, ROUNDS)["method"].get("adam", {}).items():
+        assert final_strategy_state(folder, ROUNDS)["method"]["adam"][tier]["step"] == adam["step"] == ROUNDS
     print(f"resumed after round {last_good}; max |w_resumed - w_reference| = {worst:.3g}")
     ref_rows = read_rounds(reference)
     for a, b in zip(ref_rows, rows, strict=True):

@@ -9,10 +9,10 @@ import torch
 
 from experiment.config import ConfigError, RunConfig
 from server.app import build_strategy
-from strategies.base import NodeProfile
 from strategies.baselines import LocalTraining
 from strategies.fedadam import FedAdamConfig
 from strategies.inclusivefl import InclusiveFL
+from strategies.profiles import NodeProfile
 from strategies.robust import MedianBuffer, clip_update, coordinate_median, update_norm
 from strategies.validation import ReplyRejected, validate_examples_claim
 from tests.test_pfedknow_config import BASE as PFEDKNOW_BASE

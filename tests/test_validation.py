@@ -77,6 +77,13 @@ def _header_lies(s):
     return reply(sent(s, 21, "weak"), a)
 
 
+def _oversized(s):
+    # the right keys, one tensor ~1 MB instead of 8 bytes: refused before any tensor is read
+    a = arrays_of(s, "weak")
+    a["bert.embeddings.e"] = np.ones(2**18, np.float32)
+    return reply(sent(s, 21, "weak"), a)
+
+
 def _examples(value):
     return lambda s: reply(sent(s, 21, "weak"), arrays_of(s, "weak"), num_examples=value)
 
@@ -115,6 +122,7 @@ BAD: dict[str, Callable] = {
     "NaN": _nan,
     "Inf": _inf,
     "payload contradicts header": _header_lies,
+    "oversized payload": _oversized,
     "zero examples": _examples(0),
     "negative examples": _examples(-5),
     "fractional examples": _examples(2.5),
@@ -201,3 +209,34 @@ def test_finite_replies_whose_sum_overflows_discard_the_round() -> None:
     for v, p in before.items():
         for k, t in p.items():
             assert torch.equal(t, s.state[v][k]), (v, k)
+
+
+def test_oversized_payload_names_its_bytes_and_the_bound() -> None:
+    _, report = run_round(_oversized)
+    (reason,) = report["rejected"]
+    assert "payload of" in reason and "exceeds the" in reason, reason
+
+
+def test_a_replayed_reply_is_rejected_in_a_later_round_and_leaves_the_state_unchanged() -> None:
+    """Node 21 sends in round 2 the weights node 11 had sent in round 1, echoing round 2."""
+    s = make_strategy()
+    first = trained(s.state["weak"], 0.1)
+    s.aggregate_train(1, [reply(sent(s, 11, "weak"), first, num_examples=10)])
+    clean = make_strategy()
+    clean.set_state(s.state)
+    replayed = reply(sent(s, 21, "weak"), first, num_examples=10, server_round=2)
+    honest = [reply(sent(x, 12, "medium"), trained(x.state["medium"], 0.3), server_round=2) for x in (s, clean)]
+    s.aggregate_train(2, [honest[0], replayed])
+    clean.aggregate_train(2, [honest[1]])
+    (reason,) = s.report(2).rejected
+    assert "node 21 (weak): replays the weights of a reply accepted in round 1" in reason, reason
+    for variant, params in clean.state.items():
+        for name, t in params.items():
+            assert torch.equal(t, s.state[variant][name]), (variant, name)
+
+
+def test_the_same_weights_from_two_nodes_in_one_round_are_not_a_replay() -> None:
+    s = make_strategy()
+    same = trained(s.state["weak"], 0.1)
+    s.aggregate_train(1, [reply(sent(s, 11, "weak"), same), reply(sent(s, 12, "weak"), same)])
+    assert s.report(1).rejected == []
