@@ -101,7 +101,7 @@ def test_a_grid_without_a_runtime_client_is_left_alone() -> None:
     assert bound_pulls(SimpleNamespace(), 100) is False
 
 
-def test_reply_bound_is_twice_the_largest_layout_payload_plus_the_slack() -> None:
+def test_reply_bound_is_twice_the_largest_trainable_payload_plus_the_slack() -> None:
     cat = toy_catalog({"weak": 1, "medium": 2, "strong": 3})
-    largest = max(sum(s.numel * 4 + NPY_HEADER_BYTES for s in v.layout.by_name().values()) for v in cat)
+    largest = max(sum(s.numel * 4 + NPY_HEADER_BYTES for s in v.layout if s.trainable) for v in cat)
     assert reply_bound([cat]) == 2 * largest + REPLY_SLACK_BYTES
