@@ -76,7 +76,7 @@ from experiment.protocol import (
 from models.catalog import VariantCatalog
 from strategies.grid import HeldArrays, HeldArraysGrid, PromptGrid
 from strategies.profiles import NodeProfile
-from strategies.pull_bound import reply_bound
+from strategies.pull_bound import reply_bound, stopped_reason
 from strategies.records import ArrayCache, State, compose, decompose, record_nbytes, to_record
 from strategies.replay import ReplayGuard, weights_fingerprint
 from strategies.robust import MedianBuffer, clip_update
@@ -399,8 +399,7 @@ class HeterogeneousStrategy(Strategy):
         """Flower's round loop (``Strategy.start``) on a :class:`HeldArraysGrid` around ``grid``.
 
         ``HETFL_REPLY_POLL_S`` (default 0.2) sets its poll interval; 3 reproduces Flower's own.
-        A grid that already is a :class:`PromptGrid` (tests) is used as it is.  Each reply is
-        pulled within :func:`strategies.pull_bound.reply_bound` bytes of this catalog.
+        A grid that already is a :class:`PromptGrid` (tests) is used as is; replies are pulled within ``reply_bound``.
         """
         poll = float(os.environ.get("HETFL_REPLY_POLL_S", "0.2"))
         bound = reply_bound([self.catalog])
@@ -577,9 +576,11 @@ class HeterogeneousStrategy(Strategy):
             report.rejected.append(reason)
             return None
         if reply.has_error():
-            reason = f"node {rec.node_id} ({rec.variant}) {what} failed: code {reply.error.code}: {reply.error.reason}"
-            log(WARNING, "%s", reason)
-            report.failed.append(reason)
+            stopped = stopped_reason(str(reply.error.reason))  # pulled past the bound: the node's doing, refused
+            failed = f"{what} failed: code {reply.error.code}: {reply.error.reason}"
+            reason = f"node {rec.node_id} ({rec.variant}) {stopped or failed}"
+            log(WARNING, "%s%s", "rejected: " if stopped else "", reason)
+            (report.rejected if stopped else report.failed).append(reason)
             return None
         if reply.metadata.src_node_id != rec.node_id:
             reason = f"{what} reply for node {rec.node_id} came from node {reply.metadata.src_node_id}"
@@ -734,8 +735,7 @@ class HeterogeneousStrategy(Strategy):
                 if profile is not None:
                     validate_examples_claim(n, profile.num_examples)
                 self.check_reply(rec, tensors)
-                fingerprint = weights_fingerprint(tensors)
-                self.replays.check(fingerprint, server_round)
+                self.replays.check(fingerprint := weights_fingerprint(tensors), server_round)
             except ReplyRejected as exc:
                 self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue

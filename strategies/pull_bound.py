@@ -11,8 +11,9 @@ chunks).  A node could make the ServerApp hold gigabytes.
 that holds it.  Once a reply passes ``bound`` bytes, ``PullObject`` raises Flower's
 ``ObjectPullError`` instead of returning: Flower's grid stops pulling that reply's objects and
 hands the strategy an error reply (``MESSAGE_UNAVAILABLE``) whose reason ends with ours, which
-the strategy lists under ``failed`` with the node's id.  What the ServerApp held for it is
-dropped; the bytes pulled before the stop are at most ``bound`` plus the objects in flight
+the strategy lists under ``rejected`` with the node's id (:func:`stopped_reason`): the node sent
+it, unlike a failure.  What the ServerApp held for it is dropped; the bytes pulled before the
+stop are at most ``bound`` plus the objects in flight
 (Flower pulls a reply's objects on ``min(cores, FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS = 2)``
 threads: ``bound + 2 x`` the largest object, 5 MiB for Flower's own nodes and at most one gRPC
 message, 2 GiB, for a node that builds its own objects).  The objects stay on the SuperLink
@@ -54,6 +55,15 @@ def reply_bound(catalogs: Iterable[VariantCatalog]) -> int:
         for v in catalog
     )
     return 2 * largest + REPLY_SLACK_BYTES
+
+
+def stopped_reason(error_reason: str) -> str | None:
+    """The part of an error reply's reason that says its pull was stopped at the bound, else ``None``.
+
+    Flower wraps it (``Reply message objects are unavailable ... Failed to pull object ...: <ours>``).
+    """
+    at = error_reason.find(STOPPED)
+    return None if at < 0 else error_reason[at:]
 
 
 class BoundedPulls:

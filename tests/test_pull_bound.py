@@ -21,9 +21,10 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, 
 from flwr.superlink.grid.http_grid import HttpGrid
 
 from strategies.grid import PromptGrid
-from strategies.pull_bound import REPLY_SLACK_BYTES, STOPPED, BoundedPulls, bound_pulls, reply_bound
+from strategies.inclusivefl import InclusiveFL
+from strategies.pull_bound import REPLY_SLACK_BYTES, STOPPED, BoundedPulls, bound_pulls, reply_bound, stopped_reason
 from strategies.validation import NPY_HEADER_BYTES
-from tests.toy import toy_catalog
+from tests.toy import constant_state, error_reply, sent, toy_catalog
 
 
 def reply(nbytes: int, answers: str) -> Message:
@@ -105,3 +106,13 @@ def test_reply_bound_is_twice_the_largest_trainable_payload_plus_the_slack() -> 
     cat = toy_catalog({"weak": 1, "medium": 2, "strong": 3})
     largest = max(sum(s.numel * 4 + NPY_HEADER_BYTES for s in v.layout if s.trainable) for v in cat)
     assert reply_bound([cat]) == 2 * largest + REPLY_SLACK_BYTES
+
+
+def test_a_reply_stopped_at_the_bound_is_listed_as_rejected_with_its_node() -> None:
+    s = InclusiveFL(catalog=toy_catalog({"weak": 1, "medium": 2, "strong": 3}), beta=0.2)
+    s.set_state(constant_state(s.catalog, 0.5))
+    cause = f"{STOPPED} of 100 bytes per reply (5242980 bytes pulled); not read further"
+    flower = f"Reply message objects are unavailable. Failed to pull object with ID 'ab': {cause}"
+    s.aggregate_train(1, [error_reply(sent(s, 21, "weak"), code=3, reason=flower)])
+    assert s.report(1).rejected == [f"node 21 (weak) {cause}"] and s.report(1).failed == []
+    assert stopped_reason(flower) == cause and stopped_reason("node unavailable") is None
