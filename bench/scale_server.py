@@ -81,7 +81,9 @@ def child(clients: int, per_round: int, rounds: int, model: str) -> dict[str, An
     strategy = build_strategy(cfg)
     arrays = strategy.set_state(strategy.initial_state(cfg.family().initial_states(cfg.catalog, seed=0)))
     variant = strategy.catalog.largest.name
-    pool = _payload_pool(strategy, [variant], 2, 0)[variant]
+    # two distinct replies per round, new ones each round: the same weights in a later round are a
+    # replay, which the server rejects (strategies/replay.py), as it would a real node's
+    pools = [_payload_pool(strategy, [variant], 2, r)[variant] for r in range(rounds)]
     grid = FakeGrid(clients, variant)
     gc.collect()
     baseline = anon_rss_mb()
@@ -97,7 +99,7 @@ def child(clients: int, per_round: int, rounds: int, model: str) -> dict[str, An
                 Message(
                     RecordDict(
                         {
-                            "arrays": pool[i % len(pool)],
+                            "arrays": pools[r - 1][i % 2],
                             "metrics": MetricRecord({"num-examples": 500}),
                             "config": ConfigRecord({"variant": variant, "server-round": r}),
                         }
