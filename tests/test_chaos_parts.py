@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.chaos import Delay, DelayRelay, dropped_packets, loss_ruleset, release_times, set_loss
+from deploy.chaos import Delay, DelayRelay, dropped_packets, loss_ruleset, read_rows, release_times, set_loss
 from deploy.netns import HostNetwork, namespaces_available
 
 
@@ -142,3 +142,12 @@ def test_loss_rules_drop_packets_inside_a_namespace_only() -> None:
         set_loss(node, 0)
         assert _delivered(net) == 40
         assert dropped_packets(node) == 0
+
+
+def test_read_rows_skips_only_a_last_line_being_written(tmp_path: Path) -> None:
+    assert read_rows(tmp_path) == []  # no rounds.jsonl yet
+    (tmp_path / "rounds.jsonl").write_text('{"round": 0}\n{"round": 1}\n{"rou')
+    assert read_rows(tmp_path) == [{"round": 0}, {"round": 1}]
+    (tmp_path / "rounds.jsonl").write_text('{"round": 0}\n{"rou\n{"round": 2}\n')
+    with pytest.raises(ValueError):
+        read_rows(tmp_path)
