@@ -78,7 +78,7 @@ from strategies.grid import HeldArrays, HeldArraysGrid, PromptGrid
 from strategies.profiles import NodeProfile
 from strategies.pull_bound import reply_bound, stopped_reason
 from strategies.records import ArrayCache, State, compose, decompose, record_nbytes, to_record
-from strategies.replay import ReplayGuard, weights_fingerprint
+from strategies.replay import ReplayGuard
 from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
 from strategies.validation import (
@@ -402,7 +402,7 @@ class HeterogeneousStrategy(Strategy):
         A grid that already is a :class:`PromptGrid` (tests) is used as is; replies are pulled within ``reply_bound``.
         """
         poll = float(os.environ.get("HETFL_REPLY_POLL_S", "0.2"))
-        bound = reply_bound([self.catalog])
+        bound = reply_bound(self.catalog)
         wrapped = grid if isinstance(grid, PromptGrid) else HeldArraysGrid(grid, self.held, poll, bound)
         return super().start(wrapped, *args, **kwargs)
 
@@ -735,7 +735,7 @@ class HeterogeneousStrategy(Strategy):
                 if profile is not None:
                     validate_examples_claim(n, profile.num_examples)
                 self.check_reply(rec, tensors)
-                self.replays.check(fingerprint := weights_fingerprint(tensors), server_round)
+                fingerprint = self.replays.check(tensors, server_round)
             except ReplyRejected as exc:
                 self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue

@@ -96,7 +96,6 @@ from models.sparse import SparsePayloadError, encode_payload, from_wire, payload
 from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions, StrategyStateError
 from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
 from strategies.records import compose, record_nbytes, to_record
-from strategies.replay import weights_fingerprint
 from strategies.validation import (
     ReplyRejected,
     validate_evaluate_reply,
@@ -693,8 +692,7 @@ class PFedKnow(HeterogeneousStrategy):
                 continue
             try:
                 up, nbytes, metrics = self._validate(rec, reply, server_round)
-                fingerprint = weights_fingerprint(up.params)
-                self.replays.check(fingerprint, server_round)
+                fingerprint = self.replays.check(up.params, server_round)
             except ReplyRejected as exc:
                 self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue

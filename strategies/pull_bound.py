@@ -13,10 +13,10 @@ that holds it.  Once a reply passes ``bound`` bytes, ``PullObject`` raises Flowe
 hands the strategy an error reply (``MESSAGE_UNAVAILABLE``) whose reason ends with ours, which
 the strategy lists under ``rejected`` with the node's id (:func:`stopped_reason`): the node sent
 it, unlike a failure.  What the ServerApp held for it is dropped; the bytes pulled before the
-stop are at most ``bound`` plus the objects in flight
-(Flower pulls a reply's objects on ``min(cores, FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS = 2)``
-threads: ``bound + 2 x`` the largest object, 5 MiB for Flower's own nodes and at most one gRPC
-message, 2 GiB, for a node that builds its own objects).  The objects stay on the SuperLink
+stop are at most ``bound`` plus the objects in flight (Flower pulls a reply's objects on
+``min(cores, FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS = 2)`` threads: ``bound + 2 x`` the largest
+object, 5 MiB for Flower's own nodes and at most one gRPC message, 2 GiB, for a node that builds
+its own objects).  The objects stay on the SuperLink
 until the run ends: the SuperLink's memory is not bounded by this.
 
 The bound (:func:`reply_bound`): twice the largest payload any variant's train reply can have
@@ -28,7 +28,6 @@ honest reply is at most half of it; validation then requires the exact bytes of 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 from typing import Any
 
 from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
@@ -39,21 +38,17 @@ from strategies.validation import max_payload_bytes
 
 #: Bytes a reply may hold besides its arrays' payload (records, metrics, object headers).
 REPLY_SLACK_BYTES = 1 << 20
-#: How the reason of a stopped pull begins (the strategy's ``failed`` entry ends with it).
+#: How the reason of a stopped pull begins (the strategy's ``rejected`` entry ends with it).
 STOPPED = "reply passed the ServerApp's bound"
 
 
-def reply_bound(catalogs: Iterable[VariantCatalog]) -> int:
+def reply_bound(catalog: VariantCatalog) -> int:
     """Bytes one reply may bring into the ServerApp: ``2 x`` the largest trainable payload ``+`` 1 MiB.
 
     A train reply carries a variant's trainable tensors (frozen ones never go up); the factor
     2 leaves room for encodings of them (pFedKnow's values and masks) and nothing else.
     """
-    largest = max(
-        max_payload_bytes({n: s for n, s in v.layout.by_name().items() if s.trainable})
-        for catalog in catalogs
-        for v in catalog
-    )
+    largest = max(max_payload_bytes({n: s for n, s in v.layout.by_name().items() if s.trainable}) for v in catalog)
     return 2 * largest + REPLY_SLACK_BYTES
 
 

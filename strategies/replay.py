@@ -60,17 +60,19 @@ class ReplayGuard:
     def __init__(self, seen: Mapping[bytes, int] | None = None) -> None:
         self.seen: dict[bytes, int] = dict(seen or {})
 
-    def check(self, fingerprint: bytes, server_round: int) -> None:
-        """Raise :class:`ReplyRejected` when ``fingerprint`` was accepted in a round before ``server_round``.
+    def check(self, tensors: Mapping[str, Tensor], server_round: int) -> bytes:
+        """The tensors' fingerprint; :class:`ReplyRejected` when it was accepted in a round before ``server_round``.
 
         The same weights twice within one round (two nodes) are not a replay of an earlier reply
-        and pass here.
+        and pass here.  Pass the fingerprint to :meth:`accept` once the reply is accepted.
         """
+        fingerprint = weights_fingerprint(tensors)
         first = self.seen.get(fingerprint)
         if first is not None and first < server_round:
             raise ReplyRejected(
                 f"replays the weights of a reply accepted in round {first} (fingerprint {fingerprint.hex()[:12]})"
             )
+        return fingerprint
 
     def accept(self, fingerprint: bytes, server_round: int) -> None:
         """Remember an accepted reply's fingerprint (its first round is kept)."""

@@ -105,7 +105,7 @@ def test_a_grid_without_a_runtime_client_is_left_alone() -> None:
 def test_reply_bound_is_twice_the_largest_trainable_payload_plus_the_slack() -> None:
     cat = toy_catalog({"weak": 1, "medium": 2, "strong": 3})
     largest = max(sum(s.numel * 4 + NPY_HEADER_BYTES for s in v.layout if s.trainable) for v in cat)
-    assert reply_bound([cat]) == 2 * largest + REPLY_SLACK_BYTES
+    assert reply_bound(cat) == 2 * largest + REPLY_SLACK_BYTES
 
 
 def test_a_reply_stopped_at_the_bound_is_listed_as_rejected_with_its_node() -> None:

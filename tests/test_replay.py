@@ -44,14 +44,15 @@ def test_fingerprint_of_an_unsampled_element_is_unchanged() -> None:
 
 def test_guard_rejects_a_later_round_only_and_survives_a_checkpoint() -> None:
     guard = ReplayGuard()
-    fp = weights_fingerprint({"a": torch.ones(2)})
-    guard.check(fp, 1)
+    w = {"a": torch.ones(2)}
+    fp = weights_fingerprint(w)
+    assert guard.check(w, 1) == fp
     guard.accept(fp, 1)
-    guard.check(fp, 1)  # a second node of the same round with the same weights
+    assert guard.check(w, 1) == fp  # a second node of the same round with the same weights
     guard.accept(fp, 1)
     with pytest.raises(ReplyRejected, match="accepted in round 1"):
-        guard.check(fp, 2)
+        guard.check(w, 2)
     restored = ReplayGuard.from_state(guard.state())
     assert restored.seen == {fp: 1}
     with pytest.raises(ReplyRejected):
-        restored.check(fp, 5)
+        restored.check(w, 5)
