@@ -93,13 +93,24 @@ class ArrayStore:
         return True
 
     def prune(self) -> None:
-        """Delete the least recently used files until the store holds at most ``max_bytes``."""
-        files = sorted(self.root.glob("*.array"), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
-        for p in files:
+        """Delete the least recently used files until the store holds at most ``max_bytes``.
+
+        Several ClientApps of a machine share a store and prune it at once: a file another one
+        deleted meanwhile is skipped, never an error.
+        """
+        found = []
+        for p in self.root.glob("*.array"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            found.append((st.st_mtime, st.st_size, p))
+        found.sort(key=lambda f: f[0])
+        total = sum(size for _, size, _ in found)
+        for _, size, p in found:
             if total <= self.max_bytes:
                 break
-            total -= p.stat().st_size
+            total -= size
             p.unlink(missing_ok=True)
 
 
