@@ -33,10 +33,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from client.pfedknow import local_unlabeled, pfedknow_round
 from experiment.config import RunConfig
+from models.batches import batch_size_of
 from models.data import load_partition
 from models.training import evaluate_classifier
 from server.app import build_strategy
-from strategies.codistill import batch_size_of
 from strategies.pfedknow import PFedKnow, personalization_split
 from strategies.profiles import NodeProfile
 

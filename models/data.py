@@ -470,7 +470,7 @@ def text_inputs(texts: list[str], tokenizer: PreTrainedTokenizerBase, *, max_len
     """Tokenize unlabeled ``texts`` into a text model's keyword inputs, right-padded to the longest row.
 
     Returns ``input_ids`` and ``attention_mask``, each ``(len(texts), L)`` with
-    ``L <= max_length``: what :func:`strategies.codistill.sample_batches` draws (and trims) from.
+    ``L <= max_length``: what :func:`strategies.distillation.sample_batches` draws (and trims) from.
     """
     if not texts:
         raise DataError("no texts to tokenize")

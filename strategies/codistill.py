@@ -47,25 +47,23 @@ The math is the pure functions below; :class:`CoDistillation` is the Flower glue
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
-from typing import Any, Literal, TypeVar, Unpack, overload
+from typing import Any, Literal, TypeVar, Unpack
 
 import torch
-import torch.nn.functional as F
 from flwr.app import MessageType
 from flwr.common import log
 from torch import Tensor, nn
 
-from models.batches import Batch, batch_size_of, model_logits, take_rows
+from models.batches import Batch
 from models.catalog import VariantCatalog
-from models.training import batch_to, model_device
 from strategies.base import HeterogeneousStrategy, StrategyOptions
+from strategies.distillation import DistillationConfigError, distill, sample_batches
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
 
 Params = dict[str, Tensor]
@@ -81,7 +79,7 @@ _T = TypeVar("_T")
 CODIST_FEDADAM = FedAdamConfig(eta=1e-2, beta_1=0.9, beta_2=0.999, tau=1e-5)
 
 
-class CodistConfigError(ValueError):
+class CodistConfigError(DistillationConfigError):
     """Inconsistent co-distillation settings (raised before round 1)."""
 
 
@@ -93,58 +91,7 @@ def parse_mode(value: str) -> Mode:
         raise CodistConfigError(f"mode must be one of {MODES}, got {value!r}") from None
 
 
-class DistillationError(RuntimeError):
-    """Distillation could not run (e.g. the batches ran out before ``steps``)."""
-
-
 # --- pure math --------------------------------------------------------------------------------
-
-
-def tempered_softmax(z: Tensor, temperature: float) -> Tensor:
-    """``softmax(z / T)`` over the last axis."""
-    if not temperature > 0.0:
-        raise CodistConfigError(f"temperature must be > 0, got {temperature}")
-    return torch.softmax(z / temperature, dim=-1)
-
-
-def distillation_target(
-    z_teacher: Tensor | Sequence[Tensor], z_student_start: Tensor, temperature: float, lam: float
-) -> Tensor:
-    r"""Target distribution of one student (Appendix C.4).
-
-    ``q = (1 - lam) * softmax(z_teacher / T) + lam * softmax(z_student_start / T)``; with several
-    teachers, ``softmax(z_teacher / T)`` is replaced by the mean of their tempered softmaxes.
-    ``lam = 0`` is the teacher's distribution, ``lam = 1`` the student's own at the start.
-
-    Parameters
-    ----------
-    z_teacher : Tensor or Sequence[Tensor]
-        Teacher logits ``(batch, classes)`` (one tensor per teacher).
-    z_student_start : Tensor
-        Logits of the student's start-of-distillation copy, ``(batch, classes)``.
-    temperature : float
-        ``T > 0``.
-    lam : float
-        Student regularization in ``[0, 1]``.
-
-    """
-    if not 0.0 <= lam <= 1.0:
-        raise CodistConfigError(f"lam must be in [0, 1], got {lam}")
-    teachers = [z_teacher] if isinstance(z_teacher, Tensor) else list(z_teacher)
-    if not teachers:
-        raise CodistConfigError("distillation needs at least one teacher")
-    p_teacher = torch.stack([tempered_softmax(z, temperature) for z in teachers]).mean(dim=0)
-    return (1.0 - lam) * p_teacher + lam * tempered_softmax(z_student_start, temperature)
-
-
-def distillation_loss(z_student: Tensor, target: Tensor, temperature: float) -> Tensor:
-    r"""``KL(target || softmax(z_student / T))``, averaged over the batch.
-
-    ``L = (1 / B) sum_b sum_c q_bc (log q_bc - log softmax(z_b / T)_c)`` with ``0 log 0 = 0``.
-    No ``T^2`` factor (the paper states none; Adam is invariant to a constant loss scale).
-    """
-    log_p = torch.log_softmax(z_student / temperature, dim=-1)
-    return F.kl_div(log_p, target, reduction="batchmean")
 
 
 def linear_decay(lr0: float, server_round: int, total_rounds: int) -> float:
@@ -241,124 +188,6 @@ class DistillConfig:
             raise CodistConfigError(f"lr must be >= 0, got {self.lr}")
         if self.batch_size < 1:
             raise CodistConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-
-
-@dataclass
-class Distilled:
-    """Result of :func:`distill`: the student's new state and the loss of every step."""
-
-    state: Params
-    losses: list[float] = field(default_factory=list)
-
-
-def distill(
-    student: nn.Module,
-    teacher: nn.Module | Sequence[nn.Module],
-    batches: Iterable[Batch],
-    *,
-    steps: int,
-    temperature: float,
-    lam: float,
-    lr: float,
-    device: torch.device | str | None = None,
-) -> Distilled:
-    r"""Distill ``teacher`` into a copy of ``student`` for ``steps`` Adam steps.
-
-    Per step, on the next batch ``x``: ``q`` = :func:`distillation_target` of the teachers'
-    logits and the logits of a frozen copy of the student as given (``z_i^0``), then one Adam
-    step (default betas, a fresh optimizer) on :func:`distillation_loss`.  ``student`` and the
-    teachers are not modified (teachers run in eval mode, their mode is restored).
-
-    Parameters
-    ----------
-    student : nn.Module
-        Start of distillation, ``theta_i^t``.
-    teacher : nn.Module or Sequence[nn.Module]
-        The other pools' models.
-    batches : Iterable[Tensor or Mapping[str, Tensor]]
-        Unlabeled inputs (image tensors, or keyword inputs of a text model, see
-        :func:`model_logits`); the first ``steps`` batches are used.
-    steps : int
-        Number of Adam steps ``s`` (0 returns the student's state unchanged).
-    temperature, lam, lr : float
-        ``T``, student regularization, Adam learning rate.
-    device : torch.device or str, optional
-        Where to compute (default: the student's device); the returned state is on the
-        student's original device.
-
-    Returns
-    -------
-    Distilled
-        ``theta_i^student`` (every state-dict tensor, detached) and the per-step losses.
-
-    Raises
-    ------
-    DistillationError
-        When ``batches`` yields fewer than ``steps`` batches.
-
-    """
-    if steps < 0:
-        raise CodistConfigError(f"steps must be >= 0, got {steps}")
-    home = model_device(student)
-    dev = torch.device(device) if device is not None else home
-    work = copy.deepcopy(student).to(dev).train()
-    if steps == 0:
-        return Distilled({k: v.detach().clone().to(home) for k, v in work.state_dict().items()})
-    start = copy.deepcopy(student).to(dev).eval()
-    teachers = [teacher] if isinstance(teacher, nn.Module) else list(teacher)
-    modes = [t.training for t in teachers]
-    for t in teachers:
-        t.to(dev).eval()
-    opt = torch.optim.Adam(work.parameters(), lr=lr)
-    losses: list[float] = []
-    it = iter(batches)
-    try:
-        for step in range(steps):
-            try:
-                x = next(it)
-            except StopIteration:
-                raise DistillationError(f"distillation batches ran out after {step} of {steps} steps") from None
-            x = batch_to(x, dev)
-            with torch.no_grad():
-                target = distillation_target(
-                    [model_logits(t, x) for t in teachers], model_logits(start, x), temperature, lam
-                )
-            loss = distillation_loss(model_logits(work, x), target, temperature)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-    finally:
-        for t, mode in zip(teachers, modes, strict=True):
-            t.train(mode)
-    return Distilled({k: v.detach().clone().to(home) for k, v in work.state_dict().items()}, losses)
-
-
-@overload
-def sample_batches(x: Tensor, *, steps: int, batch_size: int, seed: int) -> Iterator[Tensor]: ...
-@overload
-def sample_batches(x: Mapping[str, Tensor], *, steps: int, batch_size: int, seed: int) -> Iterator[Batch]: ...
-def sample_batches(x: Batch, *, steps: int, batch_size: int, seed: int) -> Iterator[Batch]:
-    """``steps`` batches of ``x`` in seeded epochs: a fresh random permutation per pass.
-
-    A batch never spans two passes; ``batch_size`` larger than ``len(x)`` gives batches of
-    the whole (shuffled) set.  ``x`` is an image tensor or a mapping of keyword inputs (rows
-    padded to a common length); a text batch is trimmed to its longest row's
-    ``attention_mask`` (padding beyond it changes no logit of a BERT-style model).
-    """
-    n = batch_size_of(x)
-    if n == 0:
-        raise DistillationError("the unlabeled distillation set is empty")
-    gen = torch.Generator().manual_seed(seed)
-    size = min(batch_size, n)
-    done = 0
-    while done < steps:
-        perm = torch.randperm(n, generator=gen)
-        for lo in range(0, n - size + 1, size):
-            if done == steps:
-                return
-            yield take_rows(x, perm[lo : lo + size])
-            done += 1
 
 
 # --- Flower glue ------------------------------------------------------------------------------

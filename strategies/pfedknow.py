@@ -94,7 +94,7 @@ from models.catalog import VariantCatalog
 from models.pruning import PRUNING, UNCERTAINTY, apply_masks, kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
 from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions, StrategyStateError
-from strategies.codistill import distillation_loss, sample_batches, tempered_softmax
+from strategies.distillation import distillation_loss, index_batches, logits_on, tempered_softmax, train_on_labeled
 from strategies.records import compose, record_nbytes, to_record
 from strategies.validation import (
     ReplyRejected,
@@ -161,7 +161,7 @@ def collaborative_loss(
 
     ``L = CE(z_k, y) + KL(softmax(sum_j beta_j z_j / T) || softmax(z_k / T))``
     ``+ KL(softmax(z_p / T) || softmax(z_k / T))``, KL averaged over the batch
-    (:func:`strategies.codistill.distillation_loss`).  The helper term is omitted
+    (:func:`strategies.distillation.distillation_loss`).  The helper term is omitted
     without helpers, the teacher term without ``teacher_logits``.
 
     Returns
@@ -236,64 +236,6 @@ def personalization_split(accuracies: Mapping[str, float], personalized: Set[str
     if initial:
         out["fed-accuracy-initial"] = sum(initial) / len(initial)
     return out
-
-
-def index_batches(n: int, *, steps: int, batch_size: int, seed: int) -> list[Tensor]:
-    """``steps`` index batches into ``n`` examples (seeded epochs, :func:`strategies.codistill.sample_batches`)."""
-    out: list[Tensor] = [
-        torch.as_tensor(b) for b in sample_batches(torch.arange(n), steps=steps, batch_size=batch_size, seed=seed)
-    ]
-    return out
-
-
-def train_on_labeled(
-    model: nn.Module,
-    x: Batch,
-    y: Tensor,
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    teacher: nn.Module | None = None,
-    temperature: float = 1.0,
-    masks: Mapping[str, Tensor] | None = None,
-) -> list[float]:
-    r"""Adam on ``CE(f(x; w), y)`` (``+ KL(p_teacher || p_w)`` with a teacher) over ``D_s``, in place.
-
-    Initialization of the teacher (no teacher) and of ``w_s'`` (with the teacher), and the
-    server fine-tuning of the FedAvg ablations.  With ``masks``, masked weights are zeroed
-    after every step.  Returns the loss of every step.
-    """
-    if steps == 0:
-        return []
-    model.train()
-    if teacher is not None:
-        teacher.eval()
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    losses = []
-    for idx in index_batches(batch_size_of(x), steps=steps, batch_size=batch_size, seed=seed):
-        xb, yb = take_rows(x, idx), y[idx]
-        z = model_logits(model, xb)
-        loss = F.cross_entropy(z, yb)
-        if teacher is not None:
-            with torch.no_grad():
-                target = tempered_softmax(model_logits(teacher, xb), temperature)
-            loss = loss + distillation_loss(z, target, temperature)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if masks is not None:
-            apply_masks(model, masks)
-        losses.append(float(loss.detach()))
-    return losses
-
-
-@torch.no_grad()
-def logits_on(model: nn.Module, batches: Sequence[Batch]) -> list[Tensor]:
-    """Frozen logits of ``model`` (eval mode) on every batch."""
-    model.eval()
-    return [model_logits(model, xb) for xb in batches]
 
 
 def collaborative_distill(

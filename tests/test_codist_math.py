@@ -24,15 +24,18 @@ from models.codist import (
 )
 from strategies.codistill import (
     CodistConfigError,
-    DistillationError,
     DistillConfig,
-    distill,
-    distillation_loss,
-    distillation_target,
     global_norm,
     linear_decay,
     merged_update,
     parse_mode,
+)
+from strategies.distillation import (
+    DistillationConfigError,
+    DistillationError,
+    distill,
+    distillation_loss,
+    distillation_target,
     sample_batches,
 )
 
@@ -102,9 +105,9 @@ def test_target_interpolates_teacher_and_student_start() -> None:
     # several teachers: the mean of their tempered softmaxes ([1/4, 3/4] and [3/4, 1/4])
     both = distillation_target([z_teacher, z_teacher.flip(-1)], z_start, 2.0, 0.0)
     torch.testing.assert_close(both, torch.tensor([[0.5, 0.5]]))
-    with pytest.raises(CodistConfigError):
+    with pytest.raises(DistillationConfigError):
         distillation_target(z_teacher, z_start, 0.0, 0.1)
-    with pytest.raises(CodistConfigError):
+    with pytest.raises(DistillationConfigError):
         distillation_target(z_teacher, z_start, 1.0, -0.1)
 
 

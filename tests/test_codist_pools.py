@@ -7,12 +7,14 @@ import torch
 from datasets import Array2D, Dataset, Features, Value
 
 from experiment.config import ConfigError, RunConfig
+from models.batches import model_logits
 from models.data import read_guardian_headlines, text_inputs
 from models.images import MEAN, STD, image_loader, mixed_domains, shift_images
 from models.transformer import load_tokenizer, resolve_source
 from server.app import CentralEvaluator, build_strategy
 from server.factories import distillation_inputs
-from strategies.codistill import CoDistillation, distill, model_logits, sample_batches
+from strategies.codistill import CoDistillation
+from strategies.distillation import distill, sample_batches
 
 TEXT_POOLS: dict[str, object] = {
     "model": "tiny",

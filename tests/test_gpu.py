@@ -16,7 +16,8 @@ from torch import nn
 from experiment.config import RunConfig
 from models.training import resolve_device
 from server.app import CentralEvaluator, build_strategy
-from strategies.codistill import CoDistillation, distill
+from strategies.codistill import CoDistillation
+from strategies.distillation import distill
 from tests.handlers import IMAGES, TEXT, arrays, call, metric, task_identity  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gpu
