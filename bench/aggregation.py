@@ -55,8 +55,9 @@ from bench.heterofl_aggregation import Timing
 from experiment import registry
 from experiment.config import RunConfig
 from server.app import build_strategy
-from strategies.base import HeterogeneousStrategy, Sent
+from strategies.base import HeterogeneousStrategy
 from strategies.profiles import NodeProfile
+from strategies.replies import Sent
 from strategies.validation import _header_bytes, _npy_header
 
 _MB = 1024 * 1024

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiment.outputs import WARNINGS_FILE
-from strategies.base import RoundReport
+from strategies.replies import RoundReport
 
 #: A tier "learns" when its final accuracy is at least this far above the majority-class rate.
 LEARNS_MARGIN = 0.10

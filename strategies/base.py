@@ -43,7 +43,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from logging import INFO, WARNING
 from typing import Any, ClassVar, TypedDict
 
@@ -63,22 +63,29 @@ from torch import Tensor
 
 from experiment.protocol import (
     ARRAYS,
-    CATALOG,
     CONFIG,
-    PROFILE,
     CatalogOffer,
-    ProfileReply,
-    ProtocolError,
     instruction_config,
     record_of,
     scalar_metrics,
 )
 from models.catalog import VariantCatalog
 from strategies.grid import HeldArrays, HeldArraysGrid, PromptGrid
+from strategies.handshake import check_someone_can_train, query_profiles, unchosen_variant_warnings
 from strategies.profiles import NodeProfile
-from strategies.pull_bound import reply_bound, stopped_reason
+from strategies.pull_bound import reply_bound
 from strategies.records import ArrayCache, State, compose, decompose, record_nbytes, to_record
 from strategies.replay import ReplayGuard
+from strategies.replies import (
+    Accepted,
+    RoundReport,
+    Sent,
+    by_message_id,
+    evaluation_means,
+    match_reply,
+    report_missing,
+    variant_counts,
+)
 from strategies.robust import MedianBuffer, clip_update
 from strategies.streaming import StreamingMean
 from strategies.validation import (
@@ -92,75 +99,6 @@ from strategies.validation import (
 
 class StrategyStateError(RuntimeError):
     """The strategy was asked for something its state cannot give (a programming error, not bad input)."""
-
-
-class NothingToTrain(RuntimeError):
-    """Every connected node declined to train: the run would train nothing."""
-
-
-def nothing_to_train_message(server_round: int, declined: Sequence[tuple[str, str]]) -> str:
-    """The error of a round no node can train: the nodes' reasons per tier and the keys that fix them.
-
-    ``declined`` holds ``(tier, reason)`` per node.  A reason about memory points at
-    ``tier-memory-mb`` / ``runtime-overhead-mb`` (emulated budgets) or the node's ``memory-mb``;
-    one about data at the partitioning keys.
-    """
-    by_reason: dict[tuple[str, str], int] = {}
-    for tier, reason in declined:
-        by_reason[(tier, reason)] = by_reason.get((tier, reason), 0) + 1
-    lines = "; ".join(f"{n} x tier {tier}: {reason}" for (tier, reason), n in by_reason.items())
-    fixes = []
-    text = " ".join(r for _, r in declined).lower()
-    if "memory" in text or "budget" in text:
-        fixes.append(
-            "give the tiers budgets their variants fit (run config 'tier-memory-mb', e.g. \"auto\" in simulation, "
-            "or a lower 'runtime-overhead-mb'; on a device its node config 'memory-mb') or a smaller 'model'"
-        )
-    if "no local data" in text:
-        fixes.append("check the data keys the reason names ('dataset', 'partitioner', 'dirichlet-alpha')")
-    fix = ("; " + "; ".join(fixes)) if fixes else ""
-    return f"nothing to train in round {server_round}: all {len(declined)} connected nodes declined ({lines}){fix}"
-
-
-@dataclass
-class Sent:
-    """A message the strategy sent, remembered to match replies."""
-
-    message: Message
-    node_id: int
-    variant: str
-    nbytes: int
-
-
-@dataclass
-class RoundReport:
-    """Per-round bookkeeping exposed to the results writer."""
-
-    server_round: int
-    started: float = field(default_factory=time.time)
-    groups: dict[str, dict[str, float]] = field(default_factory=dict)
-    rejected: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-
-    def group(self, variant: str) -> dict[str, float]:
-        """Mutable metrics dict of one group."""
-        return self.groups.setdefault(variant, {})
-
-    def add(self, variant: str, key: str, value: float) -> None:
-        """Accumulate ``value`` under ``key`` for ``variant``."""
-        g = self.group(variant)
-        g[key] = g.get(key, 0.0) + value
-
-
-@dataclass(frozen=True)
-class _Accepted:
-    """A validated training reply: its node, tensors (payload views), examples, metrics, bytes."""
-
-    sent: Sent
-    tensors: Mapping[str, Tensor]
-    num_examples: int
-    metrics: MetricRecord
-    nbytes: int
 
 
 class StrategyOptions(TypedDict, total=False):
@@ -421,33 +359,12 @@ class HeterogeneousStrategy(Strategy):
         )
 
     def handshake(self, grid: Grid, node_ids: Iterable[int]) -> None:
-        """Query every node not seen before for its profile."""
+        """Query every node not seen before for its profile (:mod:`strategies.handshake`)."""
         new = [n for n in node_ids if n not in self.profiles]
         if not new:
             return
-        offer = self._catalog_offer().to_record()
-        msgs = [Message(RecordDict({CATALOG: offer}), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
-        by_id: dict[str, int] = {}
-        replies = list(grid.send_and_receive(msgs, timeout=self.query_timeout))
-        for m in msgs:
-            by_id[m.metadata.message_id] = m.metadata.dst_node_id
-        for reply in replies:
-            node = by_id.get(reply.metadata.reply_to_message_id)
-            if node is None:
-                continue
-            if reply.has_error():
-                log(WARNING, "node %s failed the handshake: %s", node, reply.error.reason)
-                continue
-            try:
-                profile = NodeProfile.from_reply(
-                    node, ProfileReply.from_record(record_of(reply.content, PROFILE, ConfigRecord))
-                )
-            except ProtocolError as exc:
-                log(WARNING, "node %s answered the handshake with a malformed profile (%s): ignored", node, exc)
-                continue
-            if profile.variant is not None and profile.variant not in self.catalog.names():
-                log(WARNING, "node %s chose unknown variant %r: ignored", node, profile.variant)
-                profile.variant = None
+        offer = self._catalog_offer()
+        for node, profile in query_profiles(grid, new, offer, self.catalog.names(), self.query_timeout).items():
             if self.assign == "largest":
                 profile.variant = self.catalog.largest.name
             self.profiles[node] = profile
@@ -459,29 +376,7 @@ class HeterogeneousStrategy(Strategy):
                 log(WARNING, "node %s (tier %s) declined: %s", node, profile.tier, profile.reason)
             else:
                 log(INFO, "node %s: tier %s, %.0f MiB -> %s", node, profile.tier, profile.memory_mb, profile.variant)
-        self._check_variants_have_nodes()
-
-    def _check_variants_have_nodes(self) -> None:
-        """Warn (once per variant) when a variant of a multi-variant catalog has no node choosing it.
-
-        The pre-flight check of the launcher (:mod:`experiment.preflight`) predicts this from the
-        run config; here it is what the connected nodes reported, for ``flwr run`` users too.
-        Such a variant is never trained: the run is less heterogeneous than its tiers say.
-        """
-        if len(self.catalog) < 2 or not self.profiles:
-            return
-        chosen = {p.variant for p in self.profiles.values()}
-        for variant in self.catalog.names():
-            warned = any(w.startswith(f"variant {variant!r} ") for w in self.plan_warnings)
-            if variant in chosen or warned:
-                continue
-            counts = ", ".join(f"{v}: {sum(p.variant == v for p in self.profiles.values())}" for v in sorted(
-                {str(p.variant) for p in self.profiles.values()}
-            ))  # fmt: skip
-            message = (
-                f"variant {variant!r} trains on no node: the {len(self.profiles)} nodes so far chose ({counts}); "
-                "in simulation tier-memory-mb='auto' gives each tier its own variant"
-            )
+        for message in unchosen_variant_warnings(self.catalog.names(), self.profiles.values(), self.plan_warnings):
             self.plan_warnings.append(message)
             log(WARNING, "%s", message)
 
@@ -495,20 +390,6 @@ class HeterogeneousStrategy(Strategy):
             waited += 1
         self.handshake(grid, all_nodes)
         return sorted(n for n in all_nodes if n in self.profiles and self.profiles[n].variant is not None)
-
-    def _check_someone_can_train(self, server_round: int, connected: Sequence[int]) -> None:
-        """Raise :class:`NothingToTrain` when every connected node answered the handshake and declined.
-
-        A round with no node to train would run, train nothing and write results as if it had;
-        where each node has said why it cannot train (its budget fits no variant, it has no
-        data), no later round can do better, so the run stops here with the nodes' reasons.
-        Nodes that have not answered (yet) leave the run going: a deployment may still gain them.
-        """
-        profiles = [self.profiles.get(n) for n in connected]
-        declined = [p for p in profiles if p is not None and p.variant is None]
-        if not declined or len(declined) < len(profiles):
-            return
-        raise NothingToTrain(nothing_to_train_message(server_round, [(p.tier, p.reason) for p in declined]))
 
     def _sample(self, nodes: list[int], fraction: float, minimum: int) -> list[int]:
         if not nodes or fraction == 0.0:
@@ -528,10 +409,10 @@ class HeterogeneousStrategy(Strategy):
         report.started = time.time()
         eligible = self.eligible_nodes(grid)
         if not eligible and self.fraction_train > 0:
-            self._check_someone_can_train(server_round, list(grid.get_node_ids()))
+            check_someone_can_train(server_round, [self.profiles.get(n) for n in grid.get_node_ids()])
         nodes = self._sample(eligible, self.fraction_train, self.min_train_nodes)
         self._sent_train = self._messages(nodes, server_round, config, MessageType.TRAIN)
-        log(INFO, "configure_train: %d nodes sampled (%s)", len(nodes), self._variant_counts(self._sent_train))
+        log(INFO, "configure_train: %d nodes sampled (%s)", len(nodes), variant_counts(self._sent_train))
         return [s.message for s in self._sent_train.values()]
 
     def _messages(self, nodes: Iterable[int], server_round: int, config: ConfigRecord, kind: str) -> dict[str, Sent]:
@@ -555,54 +436,6 @@ class HeterogeneousStrategy(Strategy):
         if variant is None:
             raise StrategyStateError(f"node {node_id} declined in the handshake and has no variant to be sent")
         return [variant]
-
-    @staticmethod
-    def _variant_counts(sent: Mapping[str, Sent]) -> str:
-        counts: dict[str, int] = {}
-        for s in sent.values():
-            counts[s.variant] = counts.get(s.variant, 0) + 1
-        return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
-
-    @staticmethod
-    def _by_message_id(sent: Mapping[str, Sent]) -> dict[str, Sent]:
-        # push_messages fills message_id in place, after configure_* returned
-        return {s.message.metadata.message_id: s for s in sent.values()}
-
-    def _match(self, reply: Message, sent: Mapping[str, Sent], report: RoundReport, what: str) -> Sent | None:
-        rec = sent.get(reply.metadata.reply_to_message_id)
-        if rec is None:
-            reason = f"{what} reply from node {reply.metadata.src_node_id} answers no message of this round"
-            log(WARNING, "rejected: %s", reason)
-            report.rejected.append(reason)
-            return None
-        if reply.has_error():
-            stopped = stopped_reason(str(reply.error.reason))  # pulled past the bound: the node's doing, refused
-            failed = f"{what} failed: code {reply.error.code}: {reply.error.reason}"
-            reason = f"node {rec.node_id} ({rec.variant}) {stopped or failed}"
-            log(WARNING, "%s%s", "rejected: " if stopped else "", reason)
-            (report.rejected if stopped else report.failed).append(reason)
-            return None
-        if reply.metadata.src_node_id != rec.node_id:
-            reason = f"{what} reply for node {rec.node_id} came from node {reply.metadata.src_node_id}"
-            log(WARNING, "rejected: %s", reason)
-            report.rejected.append(reason)
-            return None
-        return rec
-
-    @staticmethod
-    def _report_missing(sent: Mapping[str, Sent], seen: list[tuple[str, int]], report: RoundReport, what: str) -> None:
-        """Report every node that was sent a message and was not heard from (round timeout).
-
-        ``seen`` holds ``(reply_to_message_id, src_node_id)`` of every reply; a node whose
-        reply was rejected or failed is already reported and is not reported again here.
-        """
-        answered = {m for m, _ in seen}
-        heard = {n for _, n in seen}
-        for message_id, rec in sent.items():
-            if message_id not in answered and rec.node_id not in heard:
-                reason = f"node {rec.node_id} ({rec.variant}) {what} failed: no reply within the round timeout"
-                log(WARNING, "%s", reason)
-                report.failed.append(reason)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -637,13 +470,13 @@ class HeterogeneousStrategy(Strategy):
                 if reason is None:
                     kept.append(entry)
                 else:
-                    self._reject(report, f"node {entry.sent.node_id} ({entry.sent.variant}): {reason}")
+                    report.reject(f"node {entry.sent.node_id} ({entry.sent.variant}): {reason}")
             del means
             self.reset_folds()
             accepted, means = self._fold_accepted(kept, report, keep_tensors=False)
             finite = self.folds_finite(means)
         if not finite:
-            self._reject(report, "the weighted sums overflow float32 (every reply finite); the round is discarded")
+            report.reject("the weighted sums overflow float32 (every reply finite); the round is discarded")
             self.reset_folds()
             accepted, means = [], {}
         counts = {v.name: 0 for v in self.catalog}
@@ -701,23 +534,19 @@ class HeterogeneousStrategy(Strategy):
     def reset_folds(self) -> None:
         """Drop whatever :meth:`fold_reply` folded this round outside ``means`` (nothing here)."""
 
-    def _reject(self, report: RoundReport, reason: str) -> None:
-        log(WARNING, "rejected train reply: %s", reason)
-        report.rejected.append(reason)
-
     def _accepted_replies(
         self, server_round: int, replies: Iterable[Message], report: RoundReport, *, check_finite: bool
-    ) -> Iterator[_Accepted]:
+    ) -> Iterator[Accepted]:
         """Match and validate the replies one at a time; yield the accepted ones.
 
         The failed and rejected replies are reported as they come, the missing ones once the
         replies are exhausted.  The tensors are views of the reply's payload bytes (no copies).
         """
-        sent = self._by_message_id(self._sent_train)
+        sent = by_message_id(self._sent_train)
         seen: list[tuple[str, int]] = []
         for reply in replies:
             seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
-            rec = self._match(reply, sent, report, "train")
+            rec = match_reply(reply, sent, report, "train")
             if rec is None:
                 continue
             layout = self.catalog.get(rec.variant).layout.by_name()
@@ -734,19 +563,18 @@ class HeterogeneousStrategy(Strategy):
                 profile = self.profiles.get(rec.node_id)
                 if profile is not None:
                     validate_examples_claim(n, profile.num_examples)
-                self.check_reply(rec, tensors)
                 fingerprint = self.replays.check(tensors, server_round)
             except ReplyRejected as exc:
-                self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
+                report.reject(f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue
             self.replays.accept(fingerprint, server_round)
             nbytes = record_nbytes(record_of(reply.content, ARRAYS, ArrayRecord))
-            yield _Accepted(rec, tensors, n, metrics, nbytes)
-        self._report_missing(sent, seen, report, "train")
+            yield Accepted(rec, tensors, n, metrics, nbytes)
+        report_missing(sent, seen, report, "train")
 
     def _fold_accepted(
-        self, entries: Iterable[_Accepted], report: RoundReport, *, keep_tensors: bool
-    ) -> tuple[list[_Accepted], dict[str, StreamingMean]]:
+        self, entries: Iterable[Accepted], report: RoundReport, *, keep_tensors: bool
+    ) -> tuple[list[Accepted], dict[str, StreamingMean]]:
         """Clip, then fold (or buffer for the median) every accepted reply.
 
         Returns the entries and the per-variant sums.  The entries keep their tensors only
@@ -755,7 +583,7 @@ class HeterogeneousStrategy(Strategy):
         """
         means: dict[str, StreamingMean] = {}
         buffers: dict[str, MedianBuffer] = {}
-        kept: list[_Accepted] = []
+        kept: list[Accepted] = []
         for entry in entries:
             rec, tensors, n = entry.sent, entry.tensors, entry.num_examples
             bound = self.clip_bounds.get(rec.variant, 0.0)
@@ -776,9 +604,6 @@ class HeterogeneousStrategy(Strategy):
             median, total, count = buf.result()
             self.fold_group(variant, median, total, count, means)
         return kept, means
-
-    def check_reply(self, sent: Sent, tensors: Mapping[str, Tensor]) -> None:
-        """Method-specific semantic checks; raise :class:`ReplyRejected` to drop."""
 
     def fold_reply(
         self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
@@ -831,12 +656,12 @@ class HeterogeneousStrategy(Strategy):
         """Example-weighted loss/accuracy per variant (``local inference``)."""
         server_round = self.global_round(server_round)
         report = self.report(server_round)
-        sent = self._by_message_id(self._sent_eval)
-        sums: dict[str, list[float]] = {}
+        sent = by_message_id(self._sent_eval)
+        results: list[tuple[str, int, float, float]] = []
         seen: list[tuple[str, int]] = []
         for reply in replies:
             seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
-            rec = self._match(reply, sent, report, "evaluate")
+            rec = match_reply(reply, sent, report, "evaluate")
             if rec is None:
                 continue
             try:
@@ -844,21 +669,14 @@ class HeterogeneousStrategy(Strategy):
                     reply.content, variant=rec.variant, server_round=server_round, max_examples=self.max_examples
                 )
             except ReplyRejected as exc:
-                reason = f"node {rec.node_id} ({rec.variant}): {exc}"
-                log(WARNING, "rejected evaluate reply: %s", reason)
-                report.rejected.append(reason)
+                report.reject(f"node {rec.node_id} ({rec.variant}): {exc}", "evaluate")
                 continue
-            s = sums.setdefault(rec.variant, [0.0, 0.0, 0.0])
-            s[0] += n
-            s[1] += n * loss
-            s[2] += n * acc
-        self._report_missing(sent, seen, report, "evaluate")
+            results.append((rec.variant, n, loss, acc))
+        report_missing(sent, seen, report, "evaluate")
         out = MetricRecord()
-        for variant, (total, loss_sum, acc_sum) in sums.items():
-            out[f"{variant}/fed-loss"] = loss_sum / total
-            out[f"{variant}/fed-accuracy"] = acc_sum / total
-            report.group(variant)["fed-loss"] = loss_sum / total
-            report.group(variant)["fed-accuracy"] = acc_sum / total
+        for variant, (loss, acc) in evaluation_means(results).items():
+            out[f"{variant}/fed-loss"], out[f"{variant}/fed-accuracy"] = loss, acc
+            report.group(variant).update({"fed-loss": loss, "fed-accuracy": acc})
         return out
 
     def summary(self) -> None:

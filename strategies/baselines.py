@@ -13,7 +13,8 @@ from typing import Any, Unpack
 from torch import Tensor
 
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
+from strategies.base import HeterogeneousStrategy, StrategyOptions
+from strategies.replies import Sent
 from strategies.streaming import StreamingMean
 
 

@@ -66,8 +66,9 @@ from torch import Tensor
 
 from models.architectures import ArchLayer, LayerSignature
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
+from strategies.base import HeterogeneousStrategy, StrategyOptions
 from strategies.baselines import PerNodeModels
+from strategies.replies import Sent
 from strategies.streaming import StreamingMean
 
 Mode = Literal["basic", "clustered", "max", "clustered-fl", "standalone"]

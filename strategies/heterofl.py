@@ -48,9 +48,10 @@ import torch
 from torch import Tensor
 
 from models.catalog import Variant, VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions
+from strategies.base import HeterogeneousStrategy, StrategyOptions
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.records import State
+from strategies.replies import Sent
 from strategies.streaming import StreamingMean
 from strategies.validation import non_finite_reason
 

@@ -93,9 +93,10 @@ from models.batches import Batch, batch_size_of, model_logits, take_rows
 from models.catalog import VariantCatalog
 from models.pruning import PRUNING, UNCERTAINTY, apply_masks, kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
-from strategies.base import HeterogeneousStrategy, Sent, StrategyOptions, StrategyStateError
+from strategies.base import HeterogeneousStrategy, StrategyOptions, StrategyStateError
 from strategies.distillation import distillation_loss, index_batches, logits_on, tempered_softmax, train_on_labeled
 from strategies.records import compose, record_nbytes, to_record
+from strategies.replies import Sent, by_message_id, match_reply
 from strategies.validation import (
     ReplyRejected,
     validate_evaluate_reply,
@@ -625,18 +626,18 @@ class PFedKnow(HeterogeneousStrategy):
         server_round = self.global_round(server_round)
         report = self.report(server_round)
         group = report.group(self.variant)
-        sent = self._by_message_id(self._sent_train)
+        sent = by_message_id(self._sent_train)
         uploads: list[Upload] = []
         client_stats: dict[str, list[float]] = {}
         for reply in replies:
-            rec = self._match(reply, sent, report, "train")
+            rec = match_reply(reply, sent, report, "train")
             if rec is None:
                 continue
             try:
                 up, nbytes, metrics = self._validate(rec, reply, server_round)
                 fingerprint = self.replays.check(up.params, server_round)
             except ReplyRejected as exc:
-                self._reject(report, f"node {rec.node_id} ({rec.variant}): {exc}")
+                report.reject(f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue
             self.replays.accept(fingerprint, server_round)
             uploads.append(up)
@@ -748,7 +749,7 @@ class PFedKnow(HeterogeneousStrategy):
         replies = list(replies)
         out = super().aggregate_evaluate(server_round, replies) or MetricRecord()
         r = self.global_round(server_round)
-        sent = self._by_message_id(self._sent_eval)
+        sent = by_message_id(self._sent_eval)
         accs: list[float] = []
         by_key: dict[str, float] = {}
         group = self.report(r).group(self.variant)

@@ -85,8 +85,7 @@ IGNORES_ALLOWED = {
 #: Files over the 700-line limit today, with the length they may not exceed; issue 20's later stages
 #: (settings groups, base slimming, pFedKnow on hooks) bring each under 700 and drop it from here.
 LONG_FILES = {
-    "strategies/base.py": 880,
-    "strategies/pfedknow.py": 895,
+    "strategies/pfedknow.py": 827,
     "experiment/config.py": 995,
     "deploy/launch.py": 773,
     "deploy/experiments.py": 850,

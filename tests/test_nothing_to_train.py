@@ -11,7 +11,8 @@ import client.app as app
 from deploy.launch import failure_reason
 from experiment.config import RunConfig
 from server.app import build_strategy
-from strategies.base import HeterogeneousStrategy, NothingToTrain, nothing_to_train_message
+from strategies.base import HeterogeneousStrategy
+from strategies.handshake import NothingToTrain, nothing_to_train_message
 from tests.handlers import context, task_identity  # noqa: F401  (fixture)
 
 

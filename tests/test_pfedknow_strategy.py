@@ -15,10 +15,10 @@ from models.cnn import width_catalog
 from models.family import CNNFamily
 from models.sparse import index_dtype, pack_parts, unpack_parts
 from models.training import TrainSettings
-from strategies.base import Sent
 from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings
 from strategies.profiles import NodeProfile
 from strategies.records import record_nbytes, to_record
+from strategies.replies import Sent
 from tests.toy import reply
 
 CAT = width_catalog("conv", [("iot", 1.0)], in_channels=1, num_classes=3, image_size=8, batch_size=4, base=(4, 6))

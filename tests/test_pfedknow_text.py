@@ -23,10 +23,10 @@ from models.pruning import apply_masks, transformer_prunable
 from models.training import TrainSettings
 from models.transformer import WORD_EMBEDDINGS, TransformerSpec, build_model, depth_catalog, load_tokenizer
 from server.app import build_strategy
-from strategies.base import Sent
 from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings, take_rows, text_mode
 from strategies.profiles import NodeProfile
 from strategies.records import record_nbytes, to_record
+from strategies.replies import Sent
 from tests.test_pfedknow_strategy import send as send_to
 from tests.toy import reply
 

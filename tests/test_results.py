@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from server.results import ResultsWriter, majority_rate, verdict
-from strategies.base import RoundReport
+from strategies.replies import RoundReport
 
 
 def test_writer_outputs(tmp_path: Path) -> None:

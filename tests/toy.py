@@ -10,8 +10,9 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
-from strategies.base import HeterogeneousStrategy, Sent
+from strategies.base import HeterogeneousStrategy
 from strategies.records import to_record
+from strategies.replies import Sent
 
 DIM = 2
 
