@@ -30,7 +30,6 @@ from models.transformer import (
     EMBEDDED_MODEL,
     TINY_MODEL,
     TransformerSpec,
-    full_config,
 )
 
 if TYPE_CHECKING:
@@ -697,72 +696,28 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
-        if self.inclusivefl_server_adam == "shared" and self.method != "inclusivefl":
+        """The checks across keys: those every method shares, then the method's own (``entry.check``)."""
+        readers = KEY_METHODS["inclusivefl-server-adam"]
+        if self.inclusivefl_server_adam == "shared" and self.method not in readers:
             raise ValueError(
                 f"run config 'inclusivefl-server-adam': 'shared' changes InclusiveFL's server step only; "
-                f"method {self.method!r} does not use it (set it to 'per-tier' or method = 'inclusivefl')"
+                f"method {self.method!r} does not use it (set it to 'per-tier' or method = {readers[0]!r})"
             )
+        mismatch = self._family_mismatch()
+        if mismatch:
+            raise ValueError(mismatch)
         if self.is_architectures:
-            if self.method not in FLEXIFED_MODES:
-                raise ValueError(
-                    f"run config 'method': {self.method!r} does not apply to architecture family {self.model!r}; "
-                    f"use one of {tuple(FLEXIFED_MODES)}"
-                )
             unknown = [t for t in self.tier_names if t not in ARCH_FAMILIES[self.model]]
             if unknown:
                 raise ValueError(
                     f"run config 'tiers': {unknown} are not {self.model!r} architectures {ARCH_FAMILIES[self.model]}"
                 )
-        elif self.method in FLEXIFED_MODES and (self.is_cnn or self.is_codist):
-            raise ValueError(
-                f"run config 'method': {self.method!r} needs model 'vgg', 'resnet' (architectures as tiers) "
-                "or a transformer (depth tiers)"
-            )
-        if self.is_codist and self.method not in CODIST_MODES:
-            raise ValueError(
-                f"run config 'method': model {CODIST_MODEL!r} needs a co-distillation method {tuple(CODIST_MODES)}, "
-                f"got {self.method!r}"
-            )
-        if self.method in CODIST_MODES and (self.is_cnn or self.is_architectures):
-            raise ValueError(
-                f"run config 'method': {self.method!r} pools are model sizes: model {CODIST_MODEL!r} "
-                f"(images) or a transformer at tier depths (text), not {self.model!r}"
-            )
-        if self.method in CODIST_MODES and self.method != "codist-fedavg":
-            text_only, image_only = ("headlines",), ("crops",)
-            if self.distill_data in (image_only if not self.image_data else text_only):
-                kind = "image" if self.image_data else "text"
-                raise ValueError(
-                    f"run config 'distill-data': {self.distill_data!r} does not fit {kind} models; use "
-                    f"{'crops' if self.image_data else 'headlines'!r} (out-of-domain) or 'in-domain'"
-                )
+        if self.entry.check is not None:
+            self.entry.check(self)
         if self.is_codist:
             unknown = [t for t in self.tier_names if t not in CODIST_SIZES]
             if unknown:
                 raise ValueError(f"run config 'tiers': pools {unknown} are not model sizes {tuple(CODIST_SIZES)}")
-        if self.method in PFEDKNOW_METHODS:
-            if self.image_data and self.model != cnn.CONV:
-                raise ValueError(
-                    f"run config 'model': {self.method!r} prunes HeteroFL's 'conv' CNN (network slimming) or a "
-                    f"transformer (magnitude pruning, e.g. 'minilm-l6' or 'tiny'); got {self.model!r}"
-                )
-            if self.device != "cpu":
-                raise ValueError(
-                    f"run config 'device': {self.method!r} trains, prunes and distills on the CPU only; "
-                    f"use 'cpu', got {self.device!r}"
-                )
-            if len(self.tier_names) != 1:
-                raise ValueError(
-                    f"run config 'tiers': {self.method!r} trains one lightweight model; give one tier, "
-                    f"got {self.tier_names}"
-                )
-            if not self.image_data:
-                self._check_pfedknow_student()
-        if self.is_cnn and self.method not in CNN_METHODS:
-            raise ValueError(
-                f"run config 'method': {self.method!r} needs a depth-cut model; "
-                f"model {self.model!r} supports {CNN_METHODS}"
-            )
         if self.robust_aggregation == "median" and not self.entry.median:
             why = "its per-node models need every reply" if self.entry.per_node_models else "its own aggregation"
             raise ValueError(
@@ -801,23 +756,30 @@ class RunConfig(BaseModel):
                 raise ValueError(f"run config '{key}' has {len(split_list(items, key))} entries but 'tiers' has {n}")
         return self
 
-    def _check_pfedknow_student(self) -> None:
-        """A transformer pFedKnow run: one ``tier-layers`` entry, shallower than the full-depth teacher."""
-        depths = split_list(self.tier_layers, "tier-layers")
-        if len(depths) != 1:
-            raise ValueError(
-                f"run config 'tier-layers': {self.method!r} trains one lightweight student; give one depth, "
-                f"got {self.tier_layers!r}"
+    def _family_mismatch(self) -> str:
+        """The error when ``model``'s family is not one the method runs on (``""`` when it is).
+
+        An architecture family names the methods it runs; otherwise a method tied to a family of its
+        own says what it needs (``entry.needs_family``), and any other method gets what the family runs.
+        """
+        kind = self.family_kind
+        if kind in self.entry.families:
+            return ""
+        if kind != "architectures" and self.entry.needs_family:
+            return self.entry.needs_family.format(method=self.method, model=self.model)
+        if kind == "architectures":
+            return (
+                f"run config 'method': {self.method!r} does not apply to architecture family {self.model!r}; "
+                f"use one of {tuple(FLEXIFED_MODES)}"
             )
-        try:
-            full = full_config(self.model, self.num_labels).num_hidden_layers
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"run config 'model': cannot read {self.model!r}'s configuration ({exc})") from None
-        if not int(depths[0]) < full:
-            raise ValueError(
-                f"run config 'tier-layers': pFedKnow's student must be shallower than the teacher (the full "
-                f"{full}-layer {self.model!r}); got {depths[0]}"
+        if kind == "codist":
+            return (
+                f"run config 'method': model {CODIST_MODEL!r} needs a co-distillation method {tuple(CODIST_MODES)}, "
+                f"got {self.method!r}"
             )
+        return (
+            f"run config 'method': {self.method!r} needs a depth-cut model; model {self.model!r} supports {CNN_METHODS}"
+        )
 
     # ----------------------------------------------------------------- views
     @classmethod

@@ -17,8 +17,9 @@ import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from experiment import method_checks
 from models import cnn
 from models.architectures import RESNET_BLOCKS, VGG_CONFIGS
 from models.codist import FAMILY as CODIST_MODEL
@@ -35,6 +36,9 @@ Trains = Literal["all", "largest", "smallest"]
 #: How a node gets its variant: the largest that fits its memory budget, or the largest of the
 #: catalog whatever the budget (AllLarge, the upper bound that ignores memory).
 Assign = Literal["choice", "largest"]
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
 
 #: Architecture families (``model`` value) and their members.
 ARCH_FAMILIES: Mapping[str, tuple[str, ...]] = {"vgg": tuple(VGG_CONFIGS), "resnet": tuple(RESNET_BLOCKS)}
@@ -77,6 +81,13 @@ class MethodEntry:
         Its aggregation has a coordinate-wise median variant (``robust-aggregation = 'median'``):
         not for per-node models (every reply is its own model) nor pFedKnow (sparse uploads,
         masks kept per client); equals its strategy class's ``supports_median``.
+    needs_family : str
+        For a method tied to a model family of its own (FlexiFed's architectures, co-distillation's
+        pools): the error when ``model`` names another family, a template with ``{method}`` and
+        ``{model}``; ``""`` = the model family's own message (what it runs instead).
+    check : callable, optional
+        The method's own configuration check (:mod:`experiment.method_checks`), run after the
+        checks every method shares; raises ``ValueError`` naming the key and the fix.
 
     """
 
@@ -91,6 +102,8 @@ class MethodEntry:
     client: ClientRole = "supervised"
     per_node_models: bool = False
     median: bool = True
+    needs_family: str = ""
+    check: Callable[[RunConfig], None] | None = None
 
 
 _TEXT_OR_CNN: frozenset[FamilyKind] = frozenset({"transformer", "cnn"})
@@ -98,19 +111,47 @@ _FLEXIFED: frozenset[FamilyKind] = frozenset({"transformer", "architectures"})
 _CODIST: frozenset[FamilyKind] = frozenset({"transformer", "codist"})
 
 
+_NEEDS_ARCHITECTURES = (
+    "run config 'method': {method!r} needs model 'vgg', 'resnet' (architectures as tiers) "
+    "or a transformer (depth tiers)"
+)
+_NEEDS_POOLS = (
+    f"run config 'method': {{method!r}} pools are model sizes: model {CODIST_MODEL!r} (images) "
+    "or a transformer at tier depths (text), not {model!r}"
+)
+
+
 def _flexifed(name: str, mode: str, summary: str) -> MethodEntry:
     return MethodEntry(
-        name, summary, "server.factories:flexifed", _FLEXIFED, mode=mode, per_node_models=True, median=False
+        name,
+        summary,
+        "server.factories:flexifed",
+        _FLEXIFED,
+        mode=mode,
+        per_node_models=True,
+        median=False,
+        needs_family=_NEEDS_ARCHITECTURES,
     )
 
 
 def _codist(name: str, mode: str, summary: str) -> MethodEntry:
-    return MethodEntry(name, summary, "server.factories:codistillation", _CODIST, mode=mode)
+    distills = mode != "fedavg"  # the FedAvg baseline has no server distillation
+    check = method_checks.server_distillation if distills else None
+    return MethodEntry(
+        name, summary, "server.factories:codistillation", _CODIST, mode=mode, needs_family=_NEEDS_POOLS, check=check
+    )
 
 
 def _pfedknow(name: str, summary: str) -> MethodEntry:
     return MethodEntry(
-        name, summary, "server.factories:pfedknow", _TEXT_OR_CNN, mode=name, client="unlabeled-pruning", median=False
+        name,
+        summary,
+        "server.factories:pfedknow",
+        _TEXT_OR_CNN,
+        mode=name,
+        client="unlabeled-pruning",
+        median=False,
+        check=method_checks.pfedknow,
     )
 
 

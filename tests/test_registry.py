@@ -139,6 +139,23 @@ def test_no_method_name_is_branched_on_in_the_apps_or_the_factories() -> None:
         assert not named, f"{path.relative_to(ROOT)} names methods {sorted(named)}"
 
 
+def test_the_configuration_checks_branch_on_entry_facts_not_method_names() -> None:
+    """``RunConfig``'s cross-key checks and the methods' own checks name no method (issue 20, item 1)."""
+    import inspect
+    import textwrap
+
+    from experiment.config import RunConfig as Config
+
+    for fn in (Config._consistent, Config._family_mismatch):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not named & set(METHODS), f"{fn.__name__} names methods {sorted(named & set(METHODS))}"
+    named = _string_constants(ROOT / "experiment" / "method_checks.py") & set(METHODS)
+    assert not named, f"experiment/method_checks.py names methods {sorted(named)}"
+    checked = {name for name, e in METHODS.items() if e.check is not None}
+    assert checked == {"codist-merged", "codist-periodic", *(n for n, e in METHODS.items() if e.client != "supervised")}
+
+
 def test_semifl_threshold_comes_from_its_confidence_and_pfedknow_from_delta() -> None:
     """The one mode that filters pseudo-labels by max-softmax confidence takes ``1 - semifl-confidence``."""
     both = {**PFEDKNOW, "pfedknow-delta": 0.3, "semifl-confidence": 0.9}

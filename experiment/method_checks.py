@@ -1,0 +1,70 @@
+"""Configuration checks that belong to one method, named by its registry entry (``MethodEntry.check``).
+
+:meth:`experiment.config.RunConfig._consistent` runs the checks every run shares (the model family
+fits the method, tier lists have one entry per tier, ...) and then the entry's own ``check``; each
+raises ``ValueError`` naming the run-config key and the fix, before round 1.  The checks read
+only the validated configuration and the installed models: this module imports no strategy, so
+the ClientApp, which validates its run config too, stays apart from the server's code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from models import cnn
+from models.transformer import full_config
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+
+
+def server_distillation(cfg: RunConfig) -> None:
+    """Co-distillation's distillation data must fit the model: images get crops, text gets headlines."""
+    text_only, image_only = ("headlines",), ("crops",)
+    if cfg.distill_data in (image_only if not cfg.image_data else text_only):
+        kind = "image" if cfg.image_data else "text"
+        raise ValueError(
+            f"run config 'distill-data': {cfg.distill_data!r} does not fit {kind} models; use "
+            f"{'crops' if cfg.image_data else 'headlines'!r} (out-of-domain) or 'in-domain'"
+        )
+
+
+def pfedknow(cfg: RunConfig) -> None:
+    """PFedKnow and its ablations: the conv CNN or a transformer, the CPU, one tier, a shallower student."""
+    if cfg.image_data and cfg.model != cnn.CONV:
+        raise ValueError(
+            f"run config 'model': {cfg.method!r} prunes HeteroFL's 'conv' CNN (network slimming) or a "
+            f"transformer (magnitude pruning, e.g. 'minilm-l6' or 'tiny'); got {cfg.model!r}"
+        )
+    if cfg.device != "cpu":
+        raise ValueError(
+            f"run config 'device': {cfg.method!r} trains, prunes and distills on the CPU only; "
+            f"use 'cpu', got {cfg.device!r}"
+        )
+    if len(cfg.tier_names) != 1:
+        raise ValueError(
+            f"run config 'tiers': {cfg.method!r} trains one lightweight model; give one tier, got {cfg.tier_names}"
+        )
+    if not cfg.image_data:
+        _pfedknow_student(cfg)
+
+
+def _pfedknow_student(cfg: RunConfig) -> None:
+    """A transformer pFedKnow run: one ``tier-layers`` entry, shallower than the full-depth teacher."""
+    from experiment.config import split_list  # the config module imports this one (through the registry)
+
+    depths = split_list(cfg.tier_layers, "tier-layers")
+    if len(depths) != 1:
+        raise ValueError(
+            f"run config 'tier-layers': {cfg.method!r} trains one lightweight student; give one depth, "
+            f"got {cfg.tier_layers!r}"
+        )
+    try:
+        full = full_config(cfg.model, cfg.num_labels).num_hidden_layers
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"run config 'model': cannot read {cfg.model!r}'s configuration ({exc})") from None
+    if not int(depths[0]) < full:
+        raise ValueError(
+            f"run config 'tier-layers': pFedKnow's student must be shallower than the teacher (the full "
+            f"{full}-layer {cfg.model!r}); got {depths[0]}"
+        )
