@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from logging import INFO, WARNING
 from pathlib import Path
@@ -43,6 +44,7 @@ from experiment.protocol import (
     record_of,
     train_reply,
 )
+from experiment.registry import ClientRole
 from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
@@ -241,28 +243,9 @@ def process_age() -> float:
     return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train the received variant locally; return its trainable weights.
-
-    ``train-seconds`` (wall time of this handler: rebuild, data, training) and
-    ``startup-seconds`` (age of this ClientApp process when the handler began: its start or
-    fork, imports, pulling the message, installing the FAB) let a round's time be split into
-    training and fixed overhead.
-    """
-    started = time.perf_counter()
-    startup = startup_seconds()
-    cfg = run_config(context)
-    instruction = Instruction.from_content(msg.content)
-    seed = train_seed(cfg.seed, context, instruction.server_round)
-    torch.manual_seed(seed)
-    if cfg.entry.client == "unlabeled-pruning":  # pseudo-labels, pruning, sparse upload
-        light = cfg.catalog.get(instruction.variant)
-        shapes = {p.name: tuple(p.shape) for p in light.layout}
-        return pfedknow_train(
-            msg, cfg.family().build(light), shapes, cfg.data_spec(), _partition_ids(context),
-            settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed, family=cfg.family(),
-        )  # fmt: skip
+def supervised_train(msg: Message, context: Context, cfg: RunConfig, instruction: Instruction, seed: int) -> Message:
+    """Train the received variant on this node's labeled data; reply with its trainable weights."""
+    started, startup = time.perf_counter(), startup_seconds()
     model, variant = _model_for(msg, cfg, instruction)
     loader, n_train = train_loader(context, cfg), num_train_examples(context, cfg)
     if loader.generator is not None:  # shuffling order: a function of the round too
@@ -281,6 +264,42 @@ def train(msg: Message, context: Context) -> Message:
     log(INFO, "trained %s on %d examples on %s, loss %.4f (%s, handler %.2f s)", variant.name, n_train,
         model_device(model), loss, _age_note(startup), time.perf_counter() - started)  # fmt: skip
     return Message(content, reply_to=msg)
+
+
+def unlabeled_pruning_train(
+    msg: Message, context: Context, cfg: RunConfig, instruction: Instruction, seed: int
+) -> Message:
+    """PFedKnow's client round on unlabeled data: pseudo-labels, pruning, sparse upload (:mod:`client.pfedknow`)."""
+    light = cfg.catalog.get(instruction.variant)
+    shapes = {p.name: tuple(p.shape) for p in light.layout}
+    return pfedknow_train(
+        msg, cfg.family().build(light), shapes, cfg.data_spec(), _partition_ids(context),
+        settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed, family=cfg.family(),
+    )  # fmt: skip
+
+
+#: What a ClientApp does with a train message, by its method's registry fact ``client``
+#: (:data:`experiment.registry.ClientRole`); a method adds a behaviour here, never a branch on its name.
+TRAIN_BEHAVIOURS: Mapping[ClientRole, Callable[[Message, Context, RunConfig, Instruction, int], Message]] = {
+    "supervised": supervised_train,
+    "unlabeled-pruning": unlabeled_pruning_train,
+}
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train locally as the method's client behaviour says (:data:`TRAIN_BEHAVIOURS`).
+
+    The reply's ``train-seconds`` (wall time of the handler: rebuild, data, training) and
+    ``startup-seconds`` (age of this ClientApp process when the handler began: its start or
+    fork, imports, pulling the message, installing the FAB) let a round's time be split into
+    training and fixed overhead.
+    """
+    cfg = run_config(context)
+    instruction = Instruction.from_content(msg.content)
+    seed = train_seed(cfg.seed, context, instruction.server_round)
+    torch.manual_seed(seed)
+    return TRAIN_BEHAVIOURS[cfg.entry.client](msg, context, cfg, instruction, seed)
 
 
 @app.evaluate()

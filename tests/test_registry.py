@@ -141,19 +141,29 @@ def test_no_method_name_is_branched_on_in_the_apps_or_the_factories() -> None:
 
 def test_the_configuration_checks_branch_on_entry_facts_not_method_names() -> None:
     """``RunConfig``'s cross-key checks and the methods' own checks name no method (issue 20, item 1)."""
-    import inspect
-    import textwrap
-
-    from experiment.config import RunConfig as Config
-
-    for fn in (Config._consistent, Config._family_mismatch):
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-        assert not named & set(METHODS), f"{fn.__name__} names methods {sorted(named & set(METHODS))}"
+    tree = ast.parse((ROOT / "experiment" / "config.py").read_text())
+    checks = [
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in ("_consistent", "_family_mismatch")
+    ]
+    assert len(checks) == 2
+    for fn in checks:
+        named = {n.value for n in ast.walk(fn) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not named & set(METHODS), f"{fn.name} names methods {sorted(named & set(METHODS))}"
     named = _string_constants(ROOT / "experiment" / "method_checks.py") & set(METHODS)
     assert not named, f"experiment/method_checks.py names methods {sorted(named)}"
     checked = {name for name, e in METHODS.items() if e.check is not None}
     assert checked == {"codist-merged", "codist-periodic", *(n for n, e in METHODS.items() if e.client != "supervised")}
+
+
+def test_every_client_role_has_a_train_behaviour() -> None:
+    """The ClientApp dispatches a train message on the entry's ``client`` fact: one behaviour per role."""
+    from typing import get_args
+
+    from client.app import TRAIN_BEHAVIOURS
+    from experiment.registry import ClientRole
+
+    assert set(TRAIN_BEHAVIOURS) == set(get_args(ClientRole))
+    assert {e.client for e in METHODS.values()} <= set(TRAIN_BEHAVIOURS)
 
 
 def test_semifl_threshold_comes_from_its_confidence_and_pfedknow_from_delta() -> None:
