@@ -37,7 +37,7 @@ class ClaimError(ValueError):
 
 
 class _Run(Protocol):
-    """What a claim reads of a finished run (:class:`deploy.experiments.RunResult`)."""
+    """What a claim reads of a finished run (:class:`deploy.reports.RunResult`)."""
 
     @property
     def label(self) -> str: ...

@@ -88,7 +88,6 @@ LONG_FILES = {
     "strategies/pfedknow.py": 827,
     "experiment/config.py": 954,
     "deploy/launch.py": 773,
-    "deploy/experiments.py": 850,
 }
 
 

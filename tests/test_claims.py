@@ -17,7 +17,8 @@ from deploy.claims import (
     rounds_to_target,
     verdict,
 )
-from deploy.experiments import RunResult, SuiteError, parse_suite
+from deploy.experiments import SuiteError, parse_suite
+from deploy.reports import RunResult
 
 
 def run(label: str, seed: int, curve: dict[int, float], tier: str = "strong") -> RunResult:

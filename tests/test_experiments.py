@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import console
+from deploy import console, reports
 from deploy import experiments as ex
-from deploy.experiments import Cell, Preset, RunResult, Suite, SuiteError, SuiteRun
+from deploy.experiments import Preset, Suite, SuiteError, SuiteRun
+from deploy.reports import Cell, RunResult
 from experiment.config import RunConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -32,34 +33,34 @@ def fake_results() -> list[RunResult]:
 
 # ------------------------------------------------------------------------------- statistics
 def test_mean_se_is_sample_sd_over_sqrt_n() -> None:
-    mean, se = ex.mean_se([0.8, 0.9, 1.0])
+    mean, se = reports.mean_se([0.8, 0.9, 1.0])
     assert mean == pytest.approx(0.9)
     assert se == pytest.approx(0.1 / math.sqrt(3))  # sd = 0.1 (Bessel-corrected)
-    mean, se = ex.mean_se([0.7, 0.7])
+    mean, se = reports.mean_se([0.7, 0.7])
     assert (mean, se) == (pytest.approx(0.7), 0.0)
 
 
 def test_mean_se_one_value_has_undefined_se_and_empty_fails() -> None:
-    mean, se = ex.mean_se([0.42])
+    mean, se = reports.mean_se([0.42])
     assert mean == 0.42 and math.isnan(se)
     with pytest.raises(ValueError, match="at least one"):
-        ex.mean_se([])
+        reports.mean_se([])
 
 
 def test_rounds_to_best_is_the_first_round_at_the_maximum() -> None:
-    assert ex.rounds_to_best({0: 0.5, 1: 0.7, 2: 0.9, 3: 0.9, 4: 0.8}) == 2.0
-    assert ex.rounds_to_best({0: 0.566, 1: 0.566, 2: 0.5}) == 0.0  # never improves: round 0
-    assert ex.rounds_to_best({0: 0.1, 3: 0.4, 5: 0.3}) == 3.0  # rounds with gaps (fed-accuracy)
+    assert reports.rounds_to_best({0: 0.5, 1: 0.7, 2: 0.9, 3: 0.9, 4: 0.8}) == 2.0
+    assert reports.rounds_to_best({0: 0.566, 1: 0.566, 2: 0.5}) == 0.0  # never improves: round 0
+    assert reports.rounds_to_best({0: 0.1, 3: 0.4, 5: 0.3}) == 3.0  # rounds with gaps (fed-accuracy)
 
 
 def test_final_and_best_values() -> None:
     curve = {2: 0.6, 0: 0.5, 5: 0.55, 3: 0.7}
-    assert ex.final_value(curve) == 0.55
-    assert ex.best_value(curve) == 0.7
+    assert reports.final_value(curve) == 0.55
+    assert reports.best_value(curve) == 0.7
 
 
 def test_summarize_final_over_seeds_per_label_and_tier() -> None:
-    cells = {(c.label, c.tier): c for c in ex.summarize(fake_results(), "final")}
+    cells = {(c.label, c.tier): c for c in reports.summarize(fake_results(), "final")}
     assert set(cells) == {("InclusiveFL", "weak"), ("InclusiveFL", "strong"), ("ExclusiveFL", "strong")}
     strong = cells[("InclusiveFL", "strong")]
     assert strong.values == (0.75, 0.85) and strong.n == 2
@@ -70,28 +71,28 @@ def test_summarize_final_over_seeds_per_label_and_tier() -> None:
 
 
 def test_summarize_rounds_to_best_and_best() -> None:
-    rtb = {(c.label, c.tier): c for c in ex.summarize(fake_results(), "rounds-to-best")}
+    rtb = {(c.label, c.tier): c for c in reports.summarize(fake_results(), "rounds-to-best")}
     assert rtb[("InclusiveFL", "strong")].values == (1.0, 2.0)
     assert rtb[("InclusiveFL", "weak")].values == (2.0, 1.0)
     assert rtb[("ExclusiveFL", "strong")].mean == 2.0
-    best = {(c.label, c.tier): c for c in ex.summarize(fake_results(), "best")}
+    best = {(c.label, c.tier): c for c in reports.summarize(fake_results(), "best")}
     assert best[("InclusiveFL", "strong")].values == (0.8, 0.85)
 
 
 def test_orders_follow_config_tiers_then_first_seen() -> None:
     res = fake_results()
-    assert ex.tier_order(res) == ["weak", "strong"]
-    assert ex.label_order(res) == ["InclusiveFL", "ExclusiveFL"]
-    assert ex.tier_order([RunResult("x", 1, {"b": {0: 1.0}, "z": {0: 1.0}}, 0.0, ("a", "b"))]) == ["b", "z"]
+    assert reports.tier_order(res) == ["weak", "strong"]
+    assert reports.label_order(res) == ["InclusiveFL", "ExclusiveFL"]
+    assert reports.tier_order([RunResult("x", 1, {"b": {0: 1.0}, "z": {0: 1.0}}, 0.0, ("a", "b"))]) == ["b", "z"]
 
 
 def test_wall_times() -> None:
-    walls = ex.wall_times(fake_results())
+    walls = reports.wall_times(fake_results())
     assert walls["InclusiveFL"] == (pytest.approx(32.0), pytest.approx(2.0 * math.sqrt(2) / math.sqrt(2)))
 
 
 def test_mean_curve_uses_the_seeds_that_measured_each_round() -> None:
-    rounds, means, ses = ex.mean_curve([{0: 0.5, 2: 0.6}, {0: 0.5, 1: 0.55, 2: 0.65}])
+    rounds, means, ses = reports.mean_curve([{0: 0.5, 2: 0.6}, {0: 0.5, 1: 0.55, 2: 0.65}])
     assert rounds == [0, 1, 2]
     assert means == pytest.approx([0.5, 0.55, 0.625])
     assert ses == pytest.approx([0.0, 0.0, 0.025])  # one seed at round 1: no spread drawn
@@ -104,7 +105,7 @@ def test_markdown_table_exact() -> None:
         Cell("A", "strong", "final", (0.9,), 0.9, math.nan),
         Cell("B", "strong", "final", (0.8, 0.8), 0.8, 0.0),
     ]
-    text = ex.markdown_table(cells, labels=["A", "B"], tiers=["weak", "strong"])
+    text = reports.markdown_table(cells, labels=["A", "B"], tiers=["weak", "strong"])
     assert text == (
         "| run | weak | strong | seeds |\n"
         "| --- | --- | --- | --- |\n"
@@ -114,8 +115,8 @@ def test_markdown_table_exact() -> None:
 
 
 def test_csv_table_round_trips_the_numbers() -> None:
-    cells = ex.summarize(fake_results(), "final")
-    rows = list(csv.DictReader(io.StringIO(ex.csv_table(cells, suite="s", preset="cpu", metric="local-accuracy"))))
+    cells = reports.summarize(fake_results(), "final")
+    rows = list(csv.DictReader(io.StringIO(reports.csv_table(cells, suite="s", preset="cpu", metric="local-accuracy"))))
     assert [(r["label"], r["tier"]) for r in rows] == [
         ("InclusiveFL", "weak"),
         ("InclusiveFL", "strong"),
@@ -125,7 +126,7 @@ def test_csv_table_round_trips_the_numbers() -> None:
     assert strong["statistic"] == "final" and strong["n"] == "2" and strong["metric"] == "local-accuracy"
     assert float(strong["mean"]) == pytest.approx(0.8) and float(strong["se"]) == pytest.approx(0.05)
     assert [float(v) for v in strong["values"].split()] == [0.75, 0.85]
-    one = ex.csv_table([Cell("A", "t", "final", (0.3,), 0.3, math.nan)], suite="s", preset="p", metric="m")
+    one = reports.csv_table([Cell("A", "t", "final", (0.3,), 0.3, math.nan)], suite="s", preset="p", metric="m")
     assert next(csv.DictReader(io.StringIO(one)))["se"] == ""
 
 
@@ -133,7 +134,7 @@ def test_write_report_writes_markdown_csv_and_png(tmp_path: Path) -> None:
     suite = Suite(
         "fake", "a fake suite", "claim", "local-accuracy", (SuiteRun("InclusiveFL"),), {"cpu": Preset("cpu", 6)}
     )
-    paths = ex.write_report(suite, "cpu", fake_results(), tmp_path, command="python -m deploy.experiments fake")
+    paths = reports.write_report(suite, "cpu", fake_results(), tmp_path, command="python -m deploy.experiments fake")
     assert [p.name for p in paths] == ["table.md", "table.csv", "convergence.png"]
     md = (tmp_path / "table.md").read_text()
     assert "| InclusiveFL | 0.700 ± 0.000 | 0.800 ± 0.050 | 2 |" in md  # final
@@ -153,10 +154,10 @@ def test_read_run_from_a_results_folder(tmp_path: Path) -> None:
     ]
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "config.json").write_text(json.dumps({"tiers": "weak:medium:strong"}))
-    res = ex.read_run(tmp_path, label="L", seed=7, metric="local-accuracy")
+    res = reports.read_run(tmp_path, label="L", seed=7, metric="local-accuracy")
     assert res.curves == {"weak": {0: 0.5}, "strong": {0: 0.4, 1: 0.7}}
     assert res.seconds == 40.5 and res.tiers == ("weak", "medium", "strong") and res.seed == 7
-    assert ex.read_run(tmp_path, label="L", seed=7, metric="fed-accuracy").curves == {"strong": {1: 0.72}}
+    assert reports.read_run(tmp_path, label="L", seed=7, metric="fed-accuracy").curves == {"strong": {1: 0.72}}
 
 
 def test_format_round_progress_line() -> None:
@@ -321,7 +322,7 @@ def test_tiny_suite_end_to_end(tmp_path: Path) -> None:
     for tier, acc in final.items():
         assert float(table[(tier, "final")]["mean"]) == acc and table[(tier, "final")]["n"] == "1"
         curve = {r["round"]: r["tiers"][tier]["local-accuracy"] for r in rows}
-        assert float(table[(tier, "rounds-to-best")]["mean"]) == ex.rounds_to_best(curve)
+        assert float(table[(tier, "rounds-to-best")]["mean"]) == reports.rounds_to_best(curve)
     assert (tmp_path / "convergence.png").read_bytes().startswith(PNG_MAGIC)
     # resumable: a second call skips the finished run and rewrites the same table
     before = (folder / "rounds.jsonl").stat().st_mtime
