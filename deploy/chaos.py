@@ -36,18 +36,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy.launch import (
-    ROOT,
+from deploy.cluster import (
     Cluster,
     Ports,
-    _wait_port,
     node_config_for,
     submit_run,
     superlink_command,
     supernode_command,
     supernode_names,
+    wait_port,
     write_connection,
 )
+from deploy.flower import ROOT
 from deploy.netns import HostNetwork
 from experiment.outputs import ROUNDS_FILE
 
@@ -296,8 +296,8 @@ class ChaosCluster:
                 fleet_address=f"127.0.0.1:{self.ports.fleet}", host="127.0.0.1", port=self.ports.control,
                 database=self.home / "state.db",
             ), prefix=self.server)  # fmt: skip
-            _wait_port(self.ports.fleet, prefix=self.server)
-            _wait_port(self.ports.control, prefix=self.server)
+            wait_port(self.ports.fleet, prefix=self.server)
+            wait_port(self.ports.control, prefix=self.server)
             for i in range(self.net.nodes):
                 self.cluster.start(f"relay-{i}", [
                     sys.executable, "-m", "deploy.chaos", "relay", "--listen",
@@ -330,7 +330,7 @@ class ChaosCluster:
 
     @property
     def processes(self) -> Cluster:
-        """The cluster's processes (:class:`deploy.launch.Cluster`); :class:`ChaosError` if not started."""
+        """The cluster's processes (:class:`deploy.cluster.Cluster`); :class:`ChaosError` if not started."""
         if self.cluster is None:
             raise ChaosError("the cluster is not started")
         return self.cluster
@@ -406,8 +406,8 @@ class ChaosCluster:
         cluster.kill("superlink")
         time.sleep(down_seconds)
         cluster.restart("superlink")
-        _wait_port(self.ports.fleet, prefix=self.server)
-        _wait_port(self.ports.control, prefix=self.server)
+        wait_port(self.ports.fleet, prefix=self.server)
+        wait_port(self.ports.control, prefix=self.server)
 
     def stop(self) -> None:
         """Stop every process, remove the namespaces."""

@@ -39,7 +39,8 @@ from typing import Any
 
 from deploy.claims import Claim, ClaimError, parse_claims
 from deploy.console import RoundTail
-from deploy.launch import ROOT, check_gpus_per_client, run_simulation
+from deploy.flower import ROOT
+from deploy.launch import check_gpus_per_client, run_simulation
 from deploy.locks import file_lock
 from deploy.overrides import merge_overrides, parse_pairs, run_config_pairs
 from deploy.reports import RunResult, read_run, write_report

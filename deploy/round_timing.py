@@ -34,7 +34,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy.launch import ROOT, Ports, run_loopback, run_simulation
+from deploy.cluster import Ports, run_loopback
+from deploy.flower import ROOT
+from deploy.launch import run_simulation
 from deploy.processes import cmdline, memory_mb, pids_with, supernode_roles
 from tests.flower_runs import TINY, tiny_budgets  # the tiny run of the deployment tests
 

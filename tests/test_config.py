@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploy.launch import shared_core_threads
+from deploy.cluster import shared_core_threads
 from deploy.overrides import config_file_overrides, merge_overrides
 from experiment.config import ConfigError, RunConfig
 from models.catalog import choose_variant

@@ -30,7 +30,8 @@ from flwr.common.config import parse_config_args
 
 from client.profile import device_profile
 from deploy.certs import make_server_cert, make_supernode_key
-from deploy.launch import BIN, ROOT, host_commands
+from deploy.cluster import host_commands
+from deploy.flower import BIN, ROOT
 from experiment.config import RunConfig
 from models.catalog import choose_variant
 

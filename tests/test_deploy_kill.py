@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launch import (
+from deploy.cluster import (
     Cluster,
     Ports,
-    _wait_port,
     node_config_for,
     submit_run,
     superlink_command,
     supernode_command,
+    wait_port,
     wait_rounds,
     write_connection,
 )
@@ -53,8 +53,8 @@ def test_killed_supernode_is_reported_skipped_and_rejoins(tmp_path: Path) -> Non
         cluster.start("superlink", superlink_command(
             fleet_address=f"127.0.0.1:{PORTS.fleet}", host="127.0.0.1", port=PORTS.control, database=home / "state.db",
         ))  # fmt: skip
-        _wait_port(PORTS.fleet)
-        _wait_port(PORTS.control)
+        wait_port(PORTS.fleet)
+        wait_port(PORTS.control)
         for i, tier in enumerate(TIERS):
             cluster.start(f"supernode-{tier}", supernode_command(
                 superlink=f"127.0.0.1:{PORTS.fleet}", node_config=node_config_for(i, TIERS), port=PORTS.supernode + i,

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from deploy.cgroup import CgroupError, MemoryCgroup
-from deploy.launch import (
+from deploy.cluster import (
     Cluster,
     Ports,
-    _wait_port,
     submit_run,
     superlink_command,
     supernode_command,
+    wait_port,
     wait_rounds,
     write_connection,
 )
@@ -98,8 +98,8 @@ def test_supernodes_in_memory_cgroups_pick_the_variant_that_fits(tmp_path: Path)
                 fleet_address=f"127.0.0.1:{PORTS.fleet}", host="127.0.0.1", port=PORTS.control,
                 database=home / "state.db",
             ))  # fmt: skip
-            _wait_port(PORTS.fleet)
-            _wait_port(PORTS.control)
+            wait_port(PORTS.fleet)
+            wait_port(PORTS.control)
             for i, (tier, cg) in enumerate(groups.items()):
                 cluster.start(f"supernode-{tier}", supernode_command(
                     superlink=f"127.0.0.1:{PORTS.fleet}", port=PORTS.supernode + i,

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launch import (
+from deploy.cluster import (
     Cluster,
     Ports,
-    _wait_port,
     node_config_for,
     submit_run,
     superlink_command,
     supernode_command,
+    wait_port,
     wait_rounds,
     write_connection,
 )
@@ -64,8 +64,8 @@ def test_supernodes_in_other_namespaces_train_over_grpc(tmp_path: Path) -> None:
                 fleet_address=f"0.0.0.0:{PORTS.fleet}", host="127.0.0.1", port=PORTS.control,
                 database=home / "state.db",
             ), prefix=server)  # fmt: skip
-            _wait_port(PORTS.fleet, prefix=server)
-            _wait_port(PORTS.control, prefix=server)
+            wait_port(PORTS.fleet, prefix=server)
+            wait_port(PORTS.control, prefix=server)
             # the SuperLink is not reachable on a node's own loopback: the namespaces are real hosts
             probe = f"import socket,sys; sys.exit(socket.socket().connect_ex(('127.0.0.1', {PORTS.fleet})))"
             assert subprocess.run([*net.prefix(net.node(0)), sys.executable, "-c", probe], check=False).returncode != 0

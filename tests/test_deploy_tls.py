@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from deploy.certs import make_supernode_key
-from deploy.launch import (
+from deploy.cluster import (
     Cluster,
     Ports,
     Security,
-    _wait_port,
     node_config_for,
     register_supernode,
     submit_run,
     superlink_command,
     supernode_command,
+    wait_port,
     wait_rounds,
     write_connection,
 )
@@ -45,8 +45,8 @@ def test_tls_refuses_plaintext_and_unregistered_keys_and_registered_nodes_train(
         cluster.start("superlink", superlink_command(
             fleet_address=fleet, host="127.0.0.1", port=PORTS.control, database=home / "state.db", security=sec,
         ))  # fmt: skip
-        _wait_port(PORTS.fleet)
-        _wait_port(PORTS.control)
+        wait_port(PORTS.fleet)
+        wait_port(PORTS.control)
 
         # a plaintext SuperNode cannot talk to the TLS SuperLink
         plain = cluster.start("plaintext", supernode_command(

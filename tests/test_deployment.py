@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launch import Ports, run_loopback
+from deploy.cluster import Ports, run_loopback
 from tests.flower_runs import TINY, read_rounds, tiny_budgets, tiny_depths
 
 

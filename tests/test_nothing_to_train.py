@@ -8,7 +8,7 @@ import pytest
 from flwr.app import ConfigRecord, Message
 
 import client.app as app
-from deploy.launch import failure_reason
+from deploy.flower import failure_reason
 from experiment.config import RunConfig
 from server.app import build_strategy
 from strategies.base import HeterogeneousStrategy

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launch import BIN, ROOT, _run_config_arg, flower_env, run_simulation
+from deploy.flower import BIN, ROOT, flower_env, run_config_arg
+from deploy.launch import run_simulation
 from deploy.locks import SIMULATION_LOCK, file_lock
 from deploy.processes import stop_processes, superlink_pids
 from server.checkpoint import list_checkpoints
@@ -71,7 +72,7 @@ def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round
     cmd = [
         str(BIN / "flwr"), "run", str(ROOT), "--stream",
         "--federation-config", f"num-supernodes={SUPERNODES} client-resources-num-cpus=1",
-        "--run-config", _run_config_arg(f"{TINY} {run_config}", tmp_path, name),
+        "--run-config", run_config_arg(f"{TINY} {run_config}", tmp_path, name),
     ]  # fmt: skip
     marker = tmp_path / name / "checkpoints" / f"round-{after_round:06d}.ckpt"
     log = (tmp_path / f"{name}-killed.log").open("w")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launch import node_config_for
+from deploy.cluster import node_config_for
 from deploy.round_timing import NodeMemory, median_after_first, memory_lines, resident_rss
 
 

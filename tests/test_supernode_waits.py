@@ -9,7 +9,7 @@ import flwr.supernode.start_client_internal as flower_supernode
 import pytest
 
 from client.supernode import IDLE_ENV, IDLE_S, CappedSleepTime, idle_seconds, shorten_waits
-from deploy.launch import supernode_command
+from deploy.cluster import supernode_command
 
 
 def test_idle_seconds_default_value_and_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

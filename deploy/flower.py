@@ -1,0 +1,116 @@
+"""What every Flower process the project starts shares: the executables, the environment, a run's outcome.
+
+``ROOT`` (the project, the app ``flwr run`` submits) and ``BIN`` (this interpreter's Flower
+executables); :func:`flower_env` (own ``FLWR_HOME``, no telemetry, no runtime installs, the warm
+SuperExec's shim on ``PATH``) and :func:`flower_home` (a temporary home per run); what a run
+produced (:class:`RunOutcome`) and why it stopped (:func:`failure_reason`).  Used by the
+simulation launcher (:mod:`deploy.launch`) and the deployment cluster (:mod:`deploy.cluster`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from client.warm import enabled as warm_enabled
+from client.warm import shim_dir
+from deploy.overrides import merge_overrides
+from experiment.outputs import SUMMARY_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for every Flower process: own FLWR_HOME, no telemetry, no installs."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "FLWR_HOME": str(flwr_home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "PYTHONUNBUFFERED": "1",
+            # the SuperExec that starts every ServerApp / ClientApp process polls for new
+            # tasks every second by default; 0.1 s cuts up to ~1 s per message and hop
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1"),
+        }
+    )
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    if warm_enabled():
+        # SuperNodes start `flower-superexec` from PATH: the warm one forks each ClientApp
+        # from a process that has imported torch & co. once (client/warm.py)
+        env["PATH"] = f"{shim_dir(flwr_home)}{os.pathsep}{env['PATH']}"
+    return env
+
+
+@contextmanager
+def flower_home(given: Path | None) -> Iterator[Path]:
+    """``given``, or a temporary Flower home that is removed when the run ends (issue 23 item 6).
+
+    A run's Flower home holds only what lives as long as the run: the CLI's connection file, the
+    SuperLink's state database, SuperNode keys made for it and the warm SuperExec's shim; the
+    run's results and logs go to its results folder.
+    """
+    if given is not None:
+        yield given
+        return
+    home = Path(tempfile.mkdtemp(prefix="flwr-home-"))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run_config_arg(run_config: str, results_dir: Path, run_name: str) -> str:
+    """``run_config`` with the run's results folder (``results-dir``, ``run-name``) set last."""
+    return merge_overrides(run_config, f"results-dir='{results_dir}' run-name='{run_name}'")
+
+
+@dataclass
+class RunOutcome:
+    """What a launched run produced."""
+
+    returncode: int
+    results: Path
+    log: str
+
+    @property
+    def ok(self) -> bool:
+        """The run finished and wrote its summary."""
+        return self.returncode == 0 and (self.results / SUMMARY_FILE).exists()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run stopped, when the ServerApp raised one of the project's typed errors."""
+        return failure_reason(self.log)
+
+
+#: The project's errors that say what to change (key, value, fix) when they stop a run.
+TYPED_ERRORS = (
+    "NothingToTrain",
+    "ConfigError",
+    "PreflightError",
+    "DataError",
+    "UnknownMethod",
+    "FactoryNotFound",
+    "CheckpointIncompatible",
+)
+_TYPED_ERROR = re.compile(rf"\b({'|'.join(TYPED_ERRORS)}): (.+)$")
+
+
+def failure_reason(output: str) -> str | None:
+    """The last ``<TypedError>: message`` line of a run's output (Flower prints the ServerApp's traceback)."""
+    found = None
+    for line in output.splitlines():
+        match = _TYPED_ERROR.search(line.strip())
+        if match:
+            found = f"{match.group(1)}: {match.group(2)}"
+    return found
