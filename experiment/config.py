@@ -1,7 +1,8 @@
 """Typed run configuration built from Flower's flat ``context.run_config``.
 
-Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` is a field here (the
-kebab-case key is the alias).  Validation happens once, before round 1: an invalid
+Every key of ``[tool.flwr.app.config]`` in ``pyproject.toml`` is a field here or of one of the
+methods' settings groups (:mod:`experiment.method_settings`), inherited flat (the kebab-case key is
+the alias).  Validation happens once, before round 1: an invalid
 value raises :class:`ConfigError` naming the key, the value and what is allowed;
 unknown keys are rejected.
 """
@@ -9,15 +10,16 @@ unknown keys are rejected.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict, JsonValue
 
 from experiment import registry
+from experiment.method_settings import AllGroups, GroupT, group_of, reads
 from models import cnn
 from models.catalog import VariantCatalog
 from models.codist import CODIST_SIZES
@@ -75,16 +77,6 @@ def split_list(value: str, what: str) -> list[str]:
 METHODS_EXTRA = "methods"
 #: The ``json_schema_extra`` entry of a string field that spells out its accepted values.
 ALLOWED_EXTRA = "allowed"
-#: pFedKnow's modes (the registry's ``mode``, here equal to the method name) by what they use;
-#: ``tests/test_config_keys.py`` checks them against :data:`strategies.pfedknow.MODES`.
-PFEDKNOW_PRUNING = ("pfedknow", "pfedknow-as2", "pfedknow-as3")
-PFEDKNOW_TEACHER = ("pfedknow", "pfedknow-as4")
-#: Modes whose server distills (collaborative distillation) or distills at initialization (teacher).
-PFEDKNOW_TEMPERATURE = ("pfedknow", "pfedknow-as3", "pfedknow-as4")
-#: The one mode that trains nothing on the server each round (zero-filled averaging).
-PFEDKNOW_NO_SERVER_TRAINING = ("pfedknow-as2",)
-#: The one mode that filters pseudo-labels by confidence (``semifl-confidence``, not ``pfedknow-delta``).
-SEMIFL = ("semifl",)
 
 
 def _methods_where(keep: Callable[[registry.MethodEntry], bool]) -> list[str]:
@@ -95,16 +87,6 @@ def _methods_where(keep: Callable[[registry.MethodEntry], bool]) -> list[str]:
 def factory_name(entry: registry.MethodEntry) -> str:
     """The function part of the entry's strategy factory (``"server.factories:heterofl"`` -> ``"heterofl"``)."""
     return entry.strategy.rpartition(":")[2]
-
-
-def _read_by(*factories: str, modes: Collection[str] = (), but: Collection[str] = ()) -> list[str]:
-    """The methods whose strategy factory is one of ``factories``.
-
-    Narrowed to the entries whose registry ``mode`` is in ``modes`` (when given) and is not in ``but``.
-    """
-    return _methods_where(
-        lambda e: factory_name(e) in factories and (not modes or e.mode in modes) and e.mode not in but
-    )
 
 
 def _on(*families: registry.FamilyKind) -> list[str]:
@@ -127,15 +109,14 @@ def _extra(methods: Iterable[str] | None = None, *, allowed: str = "") -> JsonDi
 _IMAGES = _on("cnn", "architectures", "codist")
 #: Methods whose tiers can be widths: HeteroFL / FedRolex, and every method a CNN runs.
 _WIDTHS = _methods_where(lambda e: e.width_tiers or "cnn" in e.families)
-#: The server optimizer FedAdam: InclusiveFL and its one-variant baselines, co-distillation, and
-#: HeteroFL / FedRolex with ``heterofl-server-optimizer = "fedadam"``.
-_FEDADAM = _read_by("inclusivefl", "one_variant", "heterofl", "codistillation")
-#: Server distillation of co-distillation (not its FedAvg baseline).
-_CODIST_DISTILL = _read_by("codistillation", but=("fedavg",))
 
 
-class RunConfig(BaseModel):
+class RunConfig(AllGroups):
     """All experiment knobs: one field per run-config key, described where it is defined.
+
+    The generic keys are defined here; the keys only some methods read are the methods' settings
+    groups (:mod:`experiment.method_settings`), inherited as flat fields (the keys Flower passes) and
+    read by a factory as one object (:meth:`settings_of`).
 
     Each field's ``description`` says what the key does; its ``json_schema_extra`` names the
     methods that read it (:data:`METHODS_EXTRA`, none = every method) and, for strings with a
@@ -182,91 +163,6 @@ class RunConfig(BaseModel):
         description="Channel multiplier of FlexiFed's VGG / ResNet architectures (1 = the original widths). "
         "Only with model = 'vgg' or 'resnet'.",
         json_schema_extra=_extra(_on("architectures")),
-    )
-    codist_alpha: float = Field(
-        0.5,
-        ge=0.0,
-        le=1.0,
-        description="MergedCodist's mix of each pool's FedAvg update g and distillation update d: "
-        "alpha g + (1 - alpha) d norm(g) / norm(d) (1 = plain FedAvg).",
-        json_schema_extra=_extra(_read_by("codistillation", modes=("merged",))),
-    )
-    codist_period: int = Field(
-        5,
-        ge=1,
-        description="PeriodicCodist distills every pool from the others every codist-period rounds.",
-        json_schema_extra=_extra(_read_by("codistillation", modes=("periodic",))),
-    )
-    codist_membership: Literal["instead", "also"] = Field(
-        "also",
-        description="Which pools a node trains: 'also' = every pool up to the largest its memory fits (the "
-        "paper's nested pools), 'instead' = only that largest one.",
-        json_schema_extra=_extra(_read_by("codistillation")),
-    )
-    distill_steps: int = Field(
-        32,
-        ge=0,
-        description="Adam steps of each server-side training: co-distillation's distillation of a pool (every "
-        "round: merged; every codist-period rounds: periodic); pFedKnow's per-round collaborative distillation "
-        "of every upload, or its fine-tuning of the averaged model on the labeled set.",
-        json_schema_extra=_extra(
-            [*_CODIST_DISTILL, *_read_by("pfedknow", but=PFEDKNOW_NO_SERVER_TRAINING)],
-        ),
-    )
-    distill_temperature: float = Field(
-        1.0,
-        gt=0.0,
-        description="Softmax temperature of the server's distillation losses (pFedKnow: also of the initial "
-        "model's distillation from the teacher).",
-        json_schema_extra=_extra([*_CODIST_DISTILL, *_read_by("pfedknow", modes=PFEDKNOW_TEMPERATURE)]),
-    )
-    distill_lambda: float = Field(
-        0.1,
-        ge=0.0,
-        le=1.0,
-        description="Co-distillation's student regularization: each pool's distillation target mixes the "
-        "teachers' distribution with weight 1 - lambda and the student's own at the start with lambda.",
-        json_schema_extra=_extra(_CODIST_DISTILL),
-    )
-    distill_lr: float = Field(
-        1e-3,
-        ge=0.0,
-        description="Adam learning rate of the server-side training that distill-steps counts.",
-        json_schema_extra=_extra(
-            [*_CODIST_DISTILL, *_read_by("pfedknow", but=PFEDKNOW_NO_SERVER_TRAINING)],
-        ),
-    )
-    distill_batch_size: int = Field(
-        64,
-        ge=1,
-        description="Batch size of the server's training: co-distillation's unlabeled batches; pFedKnow's "
-        "labeled-set batches, also when it trains the teacher and the initial model.",
-        json_schema_extra=_extra([*_CODIST_DISTILL, *_read_by("pfedknow")]),
-    )
-    distill_data: Literal["out-of-domain", "crops", "headlines", "in-domain"] = Field(
-        "out-of-domain",
-        description="Co-distillation's unlabeled server data: 'out-of-domain' = 'crops' (scikit-image photo "
-        "crops) for images or 'headlines' (Guardian headlines) for text; 'in-domain' = training inputs without "
-        "their labels.",
-        json_schema_extra=_extra(_CODIST_DISTILL),
-    )
-    distill_size: int = Field(
-        2000,
-        ge=1,
-        description="Examples in co-distillation's unlabeled distillation set.",
-        json_schema_extra=_extra(_CODIST_DISTILL),
-    )
-    flexifed_uniform: bool = Field(
-        False,
-        description="FlexiFed weights every client's layers equally (the paper's 1 / |U|) instead of by its "
-        "example count.",
-        json_schema_extra=_extra(_read_by("flexifed", but=("standalone",))),
-    )
-    flexifed_share_classifier: bool = Field(
-        False,
-        description="FlexiFed averages classifier layers with equal signatures across architectures (by "
-        "default only identical architectures share a classifier).",
-        json_schema_extra=_extra(_read_by("flexifed", modes=("basic", "clustered", "max"))),
     )
     image_channels: int = Field(
         1,
@@ -323,13 +219,6 @@ class RunConfig(BaseModel):
             _IMAGES, allowed=f"'' or one of {', '.join(map(repr, IMAGE_DOMAINS))} per tier, ':'-separated"
         ),
     )
-    heterofl_server_optimizer: Literal["average", "fedadam"] = Field(
-        "average",
-        description="HeteroFL / FedRolex server rule: 'average' (the original coverage averaging) or 'fedadam' "
-        "(the averaged update applied by FedAdam, as the InclusiveFL paper runs its baselines). all-large, "
-        "all-small and exclusive use it on a CNN (HeteroFL's server on one width).",
-        json_schema_extra=_extra(_read_by("heterofl", "one_variant")),
-    )
     runtime_overhead_mb: float = Field(
         450.0,
         ge=0,
@@ -347,54 +236,6 @@ class RunConfig(BaseModel):
         "a transformer model.",
     )
     # InclusiveFL and the server optimizer (FedAdam)
-    beta: float = Field(
-        0.2,
-        ge=0.0,
-        le=1.0,
-        description="InclusiveFL's momentum distillation: a tier's top-layer update becomes beta x the next "
-        "deeper tier's layer momentum + (1 - beta) x its own (0 = InclusiveFL without momentum distillation).",
-        json_schema_extra=_extra(_read_by("inclusivefl")),
-    )
-    inclusivefl_server_adam: Literal["per-tier", "shared"] = Field(
-        "per-tier",
-        description="InclusiveFL's server step: 'per-tier' FedAdam then layer averaging (the paper), or "
-        "'shared': the shared layers' updates averaged over the tiers first, then one FedAdam step (a diagnosis "
-        "variant).",
-        json_schema_extra=_extra(_read_by("inclusivefl")),
-    )
-    server_lr: float = Field(
-        1e-3,
-        gt=0,
-        description="Server FedAdam learning rate eta (co-distillation: of every pool unless tier-server-lr; "
-        "HeteroFL / FedRolex: only with heterofl-server-optimizer = 'fedadam').",
-        json_schema_extra=_extra(_FEDADAM),
-    )
-    tier_server_lr: str = Field(
-        "",
-        description="Co-distillation's FedAdam eta per pool, e.g. '0.03:0.01'; '' = server-lr for every pool.",
-        json_schema_extra=_extra(_read_by("codistillation"), allowed="'' or positive numbers, one per tier"),
-    )
-    server_beta1: float = Field(
-        0.9,
-        ge=0.0,
-        lt=1.0,
-        description="Server FedAdam's first-moment decay beta1 (where server-lr applies).",
-        json_schema_extra=_extra(_FEDADAM),
-    )
-    server_beta2: float = Field(
-        0.99,
-        ge=0.0,
-        lt=1.0,
-        description="Server FedAdam's second-moment decay beta2 (where server-lr applies).",
-        json_schema_extra=_extra(_FEDADAM),
-    )
-    server_tau: float = Field(
-        1e-5,
-        gt=0,
-        description="Server FedAdam's adaptivity tau, added to the root of the second moment (where server-lr "
-        "applies).",
-        json_schema_extra=_extra(_FEDADAM),
-    )
     # sampling and timing
     fraction_train: float = Field(
         1.0, gt=0.0, le=1.0, description="Share of the available nodes sampled for training each round."
@@ -546,75 +387,6 @@ class RunConfig(BaseModel):
     )
     # pFedKnow and the SemiFL-style baseline (one tier of unlabeled clients; images: model = "conv",
     # text: a transformer student of tier-layers layers under the full-depth teacher)
-    pfedknow_delta: float = Field(
-        0.7,
-        gt=0.0,
-        le=1.0,
-        description="Clients keep the pseudo-labels whose uncertainty is <= delta (images: evidential; text: "
-        "1 - max softmax).",
-        json_schema_extra=_extra(_read_by("pfedknow", but=SEMIFL)),
-    )
-    pfedknow_prune_ratio: float = Field(
-        0.2,
-        ge=0.0,
-        lt=1.0,
-        description="Target pruning ratio, reached after pfedknow-prune-rounds rounds: the share of channels "
-        "(conv: network slimming) or of the weight matrices' weights (transformers: magnitude pruning) removed.",
-        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_PRUNING)),
-    )
-    pfedknow_prune_rounds: int = Field(
-        3,
-        ge=1,
-        description="Rounds over which the pruning ratio ramps up to pfedknow-prune-ratio.",
-        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_PRUNING)),
-    )
-    pfedknow_l1: float = Field(
-        1e-4,
-        ge=0.0,
-        description="Network slimming's L1 weight on the batch-norm scales in client training. Only with "
-        "model = 'conv' (magnitude pruning ignores it).",
-        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_PRUNING)),
-    )
-    pfedknow_labeled_size: int = Field(
-        1000,
-        ge=1,
-        description="Labeled training examples the server keeps (D_s), carved out of the training split before "
-        "the clients' partitions.",
-        json_schema_extra=_extra(_read_by("pfedknow")),
-    )
-    pfedknow_teacher_scale: float = Field(
-        2.0,
-        ge=1.0,
-        description="Width factor of the image teacher over the lightweight conv model. Only with "
-        "model = 'conv' (a transformer's teacher is its full depth).",
-        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_TEACHER)),
-    )
-    pfedknow_teacher_steps: int = Field(
-        300,
-        ge=0,
-        description="Adam steps training the teacher on the server's labeled set at the start of the run.",
-        json_schema_extra=_extra(_read_by("pfedknow", modes=PFEDKNOW_TEACHER)),
-    )
-    pfedknow_init_steps: int = Field(
-        200,
-        ge=0,
-        description="Adam steps training the initial lightweight model on the server's labeled set (distilled "
-        "from the teacher where there is one).",
-        json_schema_extra=_extra(_read_by("pfedknow")),
-    )
-    pfedknow_init_lr: float = Field(
-        1e-3,
-        gt=0.0,
-        description="Adam learning rate of the teacher's and the initial lightweight model's training.",
-        json_schema_extra=_extra(_read_by("pfedknow")),
-    )
-    semifl_confidence: float = Field(
-        0.95,
-        gt=0.0,
-        lt=1.0,
-        description="SemiFL's clients keep the pseudo-labels whose max softmax is >= this confidence.",
-        json_schema_extra=_extra(_read_by("pfedknow", modes=SEMIFL)),
-    )
 
     @field_validator("tiers")
     @classmethod
@@ -800,6 +572,10 @@ class RunConfig(BaseModel):
                 lines.append(f"run config '{key}': {msg}{shown}")
             raise ConfigError("; ".join(lines)) from None
 
+    def settings_of(self, group: type[GroupT]) -> GroupT:
+        """One settings group's values as that group's model: ``cfg.settings_of(CodistGroup).codist_alpha``."""
+        return group.model_validate({name: getattr(self, name) for name in group.model_fields})
+
     @property
     def tier_names(self) -> list[str]:
         """Tier names, weakest first."""
@@ -938,13 +714,23 @@ class RunConfig(BaseModel):
 
 
 def _declared_methods() -> dict[str, tuple[str, ...]]:
-    """``{key: methods}`` of the keys whose field names the methods that read them."""
+    """``{key: methods}`` of the keys not every method reads.
+
+    A generic key names its methods on its field (:data:`METHODS_EXTRA`); a settings group's key is
+    read by the registry entries whose ``settings`` hold its group, narrowed by the field's ``modes``
+    / ``but`` (:func:`experiment.method_settings.reads`).
+    """
     out = {}
     for name, info in RunConfig.model_fields.items():
+        key = info.alias or _kebab(name)
         extra = info.json_schema_extra
+        group = group_of(name)
+        if group is not None:
+            out[key] = tuple(e.name for e in registry.METHODS.values() if group in e.settings and reads(e.mode, extra))
+            continue
         methods = extra.get(METHODS_EXTRA) if isinstance(extra, dict) else None
         if isinstance(methods, list):
-            out[info.alias or _kebab(name)] = tuple(str(m) for m in methods)
+            out[key] = tuple(str(m) for m in methods)
     return out
 
 

@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 from experiment import registry
 from experiment.config import ALLOWED_EXTRA, KEY_METHODS, RunConfig
+from experiment.method_settings import GROUPS, group_of
 
 #: The command that writes the docs page (named in the page's header).
 MARKDOWN_COMMAND = "python -m experiment.keys --markdown > docs/CONFIG_KEYS.md"
@@ -149,7 +150,7 @@ def applies(key: str, method: str) -> bool:
 
 
 def key_reference(method: str | None = None) -> list[KeyInfo]:
-    """Every run-config key in definition order, or only those ``method`` reads.
+    """Every run-config key (generic ones in definition order, then each settings group's), or those ``method`` reads.
 
     Parameters
     ----------
@@ -165,7 +166,10 @@ def key_reference(method: str | None = None) -> list[KeyInfo]:
     if method is not None:
         registry.lookup(method)
     out = []
-    for name, info in RunConfig.model_fields.items():
+    fields = RunConfig.model_fields
+    generic = [name for name in fields if group_of(name) is None]
+    for name in [*generic, *(n for group in GROUPS for n in group.model_fields)]:
+        info = fields[name]
         key = info.alias or name
         if method is None or applies(key, method):
             out.append(key_info(key, info))

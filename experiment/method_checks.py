@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from experiment.method_settings import CodistGroup
 from models import cnn
 from models.transformer import full_config
 
@@ -21,10 +22,11 @@ if TYPE_CHECKING:
 def server_distillation(cfg: RunConfig) -> None:
     """Co-distillation's distillation data must fit the model: images get crops, text gets headlines."""
     text_only, image_only = ("headlines",), ("crops",)
-    if cfg.distill_data in (image_only if not cfg.image_data else text_only):
+    source = cfg.settings_of(CodistGroup).distill_data
+    if source in (image_only if not cfg.image_data else text_only):
         kind = "image" if cfg.image_data else "text"
         raise ValueError(
-            f"run config 'distill-data': {cfg.distill_data!r} does not fit {kind} models; use "
+            f"run config 'distill-data': {source!r} does not fit {kind} models; use "
             f"{'crops' if cfg.image_data else 'headlines'!r} (out-of-domain) or 'in-domain'"
         )
 

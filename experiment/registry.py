@@ -20,6 +20,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from experiment import method_checks
+from experiment.method_settings import (
+    CodistGroup,
+    FlexiFedGroup,
+    HeteroFLGroup,
+    InclusiveFLGroup,
+    PFedKnowGroup,
+    ServerAdamGroup,
+    ServerTrainingGroup,
+    SettingsGroup,
+)
 from models import cnn
 from models.architectures import RESNET_BLOCKS, VGG_CONFIGS
 from models.codist import FAMILY as CODIST_MODEL
@@ -85,6 +95,9 @@ class MethodEntry:
         For a method tied to a model family of its own (FlexiFed's architectures, co-distillation's
         pools): the error when ``model`` names another family, a template with ``{method}`` and
         ``{model}``; ``""`` = the model family's own message (what it runs instead).
+    settings : tuple of SettingsGroup subclasses
+        The settings groups the method reads (:mod:`experiment.method_settings`); their keys are
+        listed as read by it, and its factory reads each as one object (``cfg.settings_of``).
     check : callable, optional
         The method's own configuration check (:mod:`experiment.method_checks`), run after the
         checks every method shares; raises ``ValueError`` naming the key and the fix.
@@ -103,6 +116,7 @@ class MethodEntry:
     per_node_models: bool = False
     median: bool = True
     needs_family: str = ""
+    settings: tuple[type[SettingsGroup], ...] = ()
     check: Callable[[RunConfig], None] | None = None
 
 
@@ -131,6 +145,7 @@ def _flexifed(name: str, mode: str, summary: str) -> MethodEntry:
         per_node_models=True,
         median=False,
         needs_family=_NEEDS_ARCHITECTURES,
+        settings=(FlexiFedGroup,),
     )
 
 
@@ -138,7 +153,14 @@ def _codist(name: str, mode: str, summary: str) -> MethodEntry:
     distills = mode != "fedavg"  # the FedAvg baseline has no server distillation
     check = method_checks.server_distillation if distills else None
     return MethodEntry(
-        name, summary, "server.factories:codistillation", _CODIST, mode=mode, needs_family=_NEEDS_POOLS, check=check
+        name,
+        summary,
+        "server.factories:codistillation",
+        _CODIST,
+        mode=mode,
+        needs_family=_NEEDS_POOLS,
+        settings=(CodistGroup, ServerTrainingGroup, ServerAdamGroup),
+        check=check,
     )
 
 
@@ -151,6 +173,7 @@ def _pfedknow(name: str, summary: str) -> MethodEntry:
         mode=name,
         client="unlabeled-pruning",
         median=False,
+        settings=(PFedKnowGroup, ServerTrainingGroup),
         check=method_checks.pfedknow,
     )
 
@@ -161,6 +184,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
         "InclusiveFL (Liu et al., KDD 2022): depth tiers, layer-wise aggregation, momentum distillation",
         "server.factories:inclusivefl",
         frozenset({"transformer"}),
+        settings=(InclusiveFLGroup, ServerAdamGroup),
     ),
     MethodEntry(
         "all-large",
@@ -169,6 +193,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
         _TEXT_OR_CNN,
         trains="largest",
         assign="largest",
+        settings=(ServerAdamGroup, HeteroFLGroup),
     ),
     MethodEntry(
         "all-small",
@@ -176,6 +201,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
         "server.factories:one_variant",
         _TEXT_OR_CNN,
         trains="smallest",
+        settings=(ServerAdamGroup, HeteroFLGroup),
     ),
     MethodEntry(
         "exclusive",
@@ -183,6 +209,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
         "server.factories:one_variant",
         _TEXT_OR_CNN,
         trains="largest",
+        settings=(ServerAdamGroup, HeteroFLGroup),
     ),
     MethodEntry(
         "local",
@@ -199,6 +226,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
         _TEXT_OR_CNN,
         mode="static",
         width_tiers=True,
+        settings=(HeteroFLGroup, ServerAdamGroup),
     ),
     MethodEntry(
         "fedrolex",
@@ -207,6 +235,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
         _TEXT_OR_CNN,
         mode="rolling",
         width_tiers=True,
+        settings=(HeteroFLGroup, ServerAdamGroup),
     ),
     _flexifed("flexifed-basic", "basic", "FlexiFed Basic-Common (Wang et al., WWW 2022): the common prefix of all"),
     _flexifed("flexifed-clustered", "clustered", "FlexiFed Clustered-Common: common prefixes within clusters"),

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from experiment import registry
 from experiment.config import ConfigError, split_list
+from experiment.method_settings import PFedKnowGroup
 from models import cnn
 from models.architectures import architecture_catalog
 from models.catalog import VariantCatalog
@@ -95,6 +96,13 @@ class Experiment:
             return CNNFamily(name=cfg.model, base=base, in_channels=cfg.image_channels, num_classes=cfg.num_labels)
         return TransformerFamily(self.transformer_spec, max_seq_len=cfg.max_seq_len)
 
+    @property
+    def _server_labeled_size(self) -> int:
+        """Training examples the server keeps for itself: pFedKnow's labeled set ``D_s``, else none."""
+        if self.entry.client != "unlabeled-pruning":
+            return 0
+        return self.cfg.settings_of(PFedKnowGroup).pfedknow_labeled_size
+
     @cached_property
     def data(self) -> DataSpec:
         """The data settings: which set, its columns, the partitioning and the server's held-out split.
@@ -115,7 +123,7 @@ class Experiment:
             server_test_size=cfg.server_test_size,
             eval_split=cfg.eval_split,
             validation_fraction=cfg.validation_fraction,
-            server_labeled_size=cfg.pfedknow_labeled_size if self.entry.client == "unlabeled-pruning" else 0,
+            server_labeled_size=self._server_labeled_size,
             seed=cfg.seed,
         )
 

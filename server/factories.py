@@ -18,6 +18,15 @@ import torch
 from torch import Tensor, nn
 
 from experiment.config import ConfigError, RunConfig, split_list
+from experiment.method_settings import (
+    CodistGroup,
+    FlexiFedGroup,
+    HeteroFLGroup,
+    InclusiveFLGroup,
+    PFedKnowGroup,
+    ServerAdamGroup,
+    ServerTrainingGroup,
+)
 from experiment.registry import MethodEntry
 from models.codist import unlabeled_image_crops, unlabeled_images
 from models.data import load_splits, read_guardian_headlines, server_labeled_set, text_inputs
@@ -37,15 +46,16 @@ from strategies.pfedknow import PFedKnow, PFedKnowSettings, text_mode
 
 def fedadam(cfg: RunConfig) -> FedAdamConfig:
     """The server optimizer's settings: ``server-lr``, ``server-beta1``, ``server-beta2``, ``server-tau``."""
-    return FedAdamConfig(eta=cfg.server_lr, beta_1=cfg.server_beta1, beta_2=cfg.server_beta2, tau=cfg.server_tau)
+    adam = cfg.settings_of(ServerAdamGroup)
+    return FedAdamConfig(eta=adam.server_lr, beta_1=adam.server_beta1, beta_2=adam.server_beta2, tau=adam.server_tau)
 
 
 def fedadam_per_tier(cfg: RunConfig) -> dict[str, FedAdamConfig]:
     """One server optimizer per tier (pool): ``tier-server-lr``'s eta, else ``server-lr``'s."""
-    base = fedadam(cfg)
-    if not cfg.tier_server_lr:
+    base, per_pool = fedadam(cfg), cfg.settings_of(CodistGroup).tier_server_lr
+    if not per_pool:
         return dict.fromkeys(cfg.tier_names, base)
-    rates = [float(x) for x in split_list(cfg.tier_server_lr, "tier-server-lr")]
+    rates = [float(x) for x in split_list(per_pool, "tier-server-lr")]
     return {t: dataclasses.replace(base, eta=eta) for t, eta in zip(cfg.tier_names, rates, strict=True)}
 
 
@@ -67,7 +77,8 @@ def strategy_options(cfg: RunConfig, entry: MethodEntry) -> dict[str, Any]:
 
 def inclusivefl(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> HeterogeneousStrategy:
     """InclusiveFL with ``beta`` and ``inclusivefl-server-adam`` from the run config."""
-    return InclusiveFL(beta=cfg.beta, adam=fedadam(cfg), server_adam=cfg.inclusivefl_server_adam, **common)
+    own = cfg.settings_of(InclusiveFLGroup)
+    return InclusiveFL(beta=own.beta, adam=fedadam(cfg), server_adam=own.inclusivefl_server_adam, **common)
 
 
 def one_variant(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> HeterogeneousStrategy:
@@ -92,7 +103,7 @@ def heterofl(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> H
         rules=WidthRules(axes=cfg.family().width_rules(cfg.catalog)),
         full=cfg.catalog.largest,
         rolling=entry.mode == "rolling",
-        server_optimizer=cfg.heterofl_server_optimizer,
+        server_optimizer=cfg.settings_of(HeteroFLGroup).heterofl_server_optimizer,
         adam=fedadam(cfg),
         **common,
     )
@@ -103,11 +114,12 @@ def flexifed(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> H
     family = cfg.family()
     if not isinstance(family, ArchitectureFamily | TransformerFamily):
         raise ConfigError(f"run config 'model': {entry.name!r} needs an architecture family or a transformer")
+    own = cfg.settings_of(FlexiFedGroup)
     return FlexiFed(
         signatures=family.layers(cfg.catalog),
         mode=entry.mode,
-        uniform=cfg.flexifed_uniform,
-        share_classifier=cfg.flexifed_share_classifier,
+        uniform=own.flexifed_uniform,
+        share_classifier=own.flexifed_share_classifier,
         **common,
     )
 
@@ -115,22 +127,23 @@ def flexifed(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> H
 def codistillation(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> HeterogeneousStrategy:
     """Co-distillation in the entry's mode (merged, periodic, per-pool FedAvg)."""
     family = cfg.family()
+    own, server = cfg.settings_of(CodistGroup), cfg.settings_of(ServerTrainingGroup)
     return CoDistillation(
         num_rounds=cfg.num_server_rounds,
         build_model=lambda pool: family.build(cfg.catalog.get(pool)),
         distill_data=distillation_inputs(cfg),
         mode=parse_mode(entry.mode),
-        alpha=cfg.codist_alpha,
-        period=cfg.codist_period,
+        alpha=own.codist_alpha,
+        period=own.codist_period,
         adam=fedadam_per_tier(cfg),
         distill=DistillConfig(
-            steps=cfg.distill_steps,
-            temperature=cfg.distill_temperature,
-            lam=cfg.distill_lambda,
-            lr=cfg.distill_lr,
-            batch_size=cfg.distill_batch_size,
+            steps=server.distill_steps,
+            temperature=server.distill_temperature,
+            lam=own.distill_lambda,
+            lr=server.distill_lr,
+            batch_size=server.distill_batch_size,
         ),
-        membership=cfg.codist_membership,
+        membership=own.codist_membership,
         device=cfg.torch_device(),
         **common,
     )
@@ -160,18 +173,19 @@ def pfedknow_settings(cfg: RunConfig) -> PFedKnowSettings:
     (``uncertainty = "softmax"``) instead of pFedKnow's evidential uncertainty.
     """
     confidence_filter = PFEDKNOW_MODES[cfg.entry.mode].uncertainty == "softmax"
+    own, server = cfg.settings_of(PFedKnowGroup), cfg.settings_of(ServerTrainingGroup)
     return PFedKnowSettings(
-        target_ratio=cfg.pfedknow_prune_ratio,
-        ramp_rounds=cfg.pfedknow_prune_rounds,
-        delta=1.0 - cfg.semifl_confidence if confidence_filter else cfg.pfedknow_delta,
-        l1=cfg.pfedknow_l1,
-        distill_steps=cfg.distill_steps,
-        distill_lr=cfg.distill_lr,
-        distill_batch_size=cfg.distill_batch_size,
-        temperature=cfg.distill_temperature,
-        teacher_steps=cfg.pfedknow_teacher_steps,
-        init_steps=cfg.pfedknow_init_steps,
-        init_lr=cfg.pfedknow_init_lr,
+        target_ratio=own.pfedknow_prune_ratio,
+        ramp_rounds=own.pfedknow_prune_rounds,
+        delta=1.0 - own.semifl_confidence if confidence_filter else own.pfedknow_delta,
+        l1=own.pfedknow_l1,
+        distill_steps=server.distill_steps,
+        distill_lr=server.distill_lr,
+        distill_batch_size=server.distill_batch_size,
+        temperature=server.distill_temperature,
+        teacher_steps=own.pfedknow_teacher_steps,
+        init_steps=own.pfedknow_init_steps,
+        init_lr=own.pfedknow_init_lr,
     )
 
 
@@ -187,9 +201,8 @@ def pfedknow(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> P
     mode = PFEDKNOW_MODES[entry.mode]
     build_teacher: Callable[[], nn.Module]
     if isinstance(family, CNNFamily):
-        teacher = dataclasses.replace(
-            family, base=tuple(max(1, round(w * cfg.pfedknow_teacher_scale)) for w in family.base)
-        )
+        scale = cfg.settings_of(PFedKnowGroup).pfedknow_teacher_scale
+        teacher = dataclasses.replace(family, base=tuple(max(1, round(w * scale)) for w in family.base))
         build_teacher = partial(teacher.at_rate, 1.0)
     elif isinstance(family, TransformerFamily):
         spec = family.spec
@@ -218,15 +231,16 @@ def distillation_inputs(cfg: RunConfig) -> Batch:
     several input domains (``tier-domains``) the images are split into equal shares, one per
     domain (:func:`models.images.mixed_domains`), like the paper's mixed distillation data.
     """
-    source = cfg.distill_data
+    own = cfg.settings_of(CodistGroup)
+    source = own.distill_data
     if source == "out-of-domain":
         source = "crops" if cfg.image_data else "headlines"
     if cfg.image_data:
         if source == "crops":
-            x = unlabeled_image_crops(cfg.distill_size, cfg.image_size, cfg.image_channels, seed=cfg.seed)
+            x = unlabeled_image_crops(own.distill_size, cfg.image_size, cfg.image_channels, seed=cfg.seed)
         else:
             train, _ = load_splits(cfg.data_spec())
-            x = unlabeled_images(train, cfg.distill_size, seed=cfg.seed)
+            x = unlabeled_images(train, own.distill_size, seed=cfg.seed)
         return mixed_domains(x, cfg.domains)
     if source == "headlines":
         texts = read_guardian_headlines()
@@ -234,6 +248,6 @@ def distillation_inputs(cfg: RunConfig) -> Batch:
         train, _ = load_splits(cfg.data_spec())
         texts = [str(t) for t in train["text"]]
     gen = torch.Generator().manual_seed(cfg.seed)
-    keep = torch.randperm(len(texts), generator=gen)[: cfg.distill_size].tolist()
+    keep = torch.randperm(len(texts), generator=gen)[: own.distill_size].tolist()
     tokenizer = load_tokenizer(resolve_source(cfg.model))
     return text_inputs([texts[i] for i in keep], tokenizer, max_length=cfg.max_seq_len)
