@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from logging import INFO, WARNING
 from pathlib import Path
@@ -243,9 +244,25 @@ def process_age() -> float:
     return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def supervised_train(msg: Message, context: Context, cfg: RunConfig, instruction: Instruction, seed: int) -> Message:
+@dataclass(frozen=True)
+class TrainTask:
+    """A train message as the behaviours get it: the run config, the instruction, the seed, the clocks.
+
+    ``started`` (``time.perf_counter()``) and ``startup`` (:func:`startup_seconds`) are read first
+    thing in the handler, so ``train-seconds`` covers the whole handler and ``startup-seconds`` the
+    process's age when it began.
+    """
+
+    cfg: RunConfig
+    instruction: Instruction
+    seed: int
+    started: float
+    startup: float | None
+
+
+def supervised_train(msg: Message, context: Context, task: TrainTask) -> Message:
     """Train the received variant on this node's labeled data; reply with its trainable weights."""
-    started, startup = time.perf_counter(), startup_seconds()
+    cfg, instruction, seed, started, startup = task.cfg, task.instruction, task.seed, task.started, task.startup
     model, variant = _model_for(msg, cfg, instruction)
     loader, n_train = train_loader(context, cfg), num_train_examples(context, cfg)
     if loader.generator is not None:  # shuffling order: a function of the round too
@@ -266,21 +283,20 @@ def supervised_train(msg: Message, context: Context, cfg: RunConfig, instruction
     return Message(content, reply_to=msg)
 
 
-def unlabeled_pruning_train(
-    msg: Message, context: Context, cfg: RunConfig, instruction: Instruction, seed: int
-) -> Message:
-    """PFedKnow's client round on unlabeled data: pseudo-labels, pruning, sparse upload (:mod:`client.pfedknow`)."""
-    light = cfg.catalog.get(instruction.variant)
+def unlabeled_pruning_train(msg: Message, context: Context, task: TrainTask) -> Message:
+    """The client round of pFedKnow on unlabeled data: pseudo-labels, pruning, sparse upload (client/pfedknow.py)."""
+    cfg = task.cfg
+    light = cfg.catalog.get(task.instruction.variant)
     shapes = {p.name: tuple(p.shape) for p in light.layout}
     return pfedknow_train(
         msg, cfg.family().build(light), shapes, cfg.data_spec(), _partition_ids(context),
-        settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=seed, family=cfg.family(),
+        settings=cfg.train_settings(), batch_size=cfg.batch_size, seed=task.seed, family=cfg.family(),
     )  # fmt: skip
 
 
 #: What a ClientApp does with a train message, by its method's registry fact ``client``
 #: (:data:`experiment.registry.ClientRole`); a method adds a behaviour here, never a branch on its name.
-TRAIN_BEHAVIOURS: Mapping[ClientRole, Callable[[Message, Context, RunConfig, Instruction, int], Message]] = {
+TRAIN_BEHAVIOURS: Mapping[ClientRole, Callable[[Message, Context, TrainTask], Message]] = {
     "supervised": supervised_train,
     "unlabeled-pruning": unlabeled_pruning_train,
 }
@@ -295,11 +311,13 @@ def train(msg: Message, context: Context) -> Message:
     fork, imports, pulling the message, installing the FAB) let a round's time be split into
     training and fixed overhead.
     """
+    started = time.perf_counter()
+    startup = startup_seconds()
     cfg = run_config(context)
     instruction = Instruction.from_content(msg.content)
     seed = train_seed(cfg.seed, context, instruction.server_round)
     torch.manual_seed(seed)
-    return TRAIN_BEHAVIOURS[cfg.entry.client](msg, context, cfg, instruction, seed)
+    return TRAIN_BEHAVIOURS[cfg.entry.client](msg, context, TrainTask(cfg, instruction, seed, started, startup))
 
 
 @app.evaluate()

@@ -16,7 +16,8 @@ down; with ``--tls-dir`` the SuperLink serves TLS with a CA and certificate made
 (:mod:`deploy.certs`), and ``--auth`` adds SuperNode authentication (a key pair per
 SuperNode, registered with ``flwr supernode register`` before it connects).
 ``print-hosts`` prints the commands to run the same on separate machines.  The building
-blocks (:class:`Cluster`, :func:`superlink_command`, :func:`supernode_command`) also run
+blocks (:class:`deploy.cluster.Cluster`, :func:`deploy.cluster.superlink_command`,
+:func:`deploy.cluster.supernode_command`) also run
 "hosts" in network namespaces (:mod:`deploy.netns`) or under a memory cgroup
 (:mod:`deploy.cgroup`); see ``docs/DEPLOYING.md``.
 

@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_v
 from pydantic.config import JsonDict, JsonValue
 
 from experiment import registry
+from experiment.lists import split_list
 from experiment.method_settings import AllGroups, GroupT, group_of, reads
 from models import cnn
 from models.catalog import VariantCatalog
@@ -39,10 +40,6 @@ if TYPE_CHECKING:
 
 #: Methods whose tiers are width variants of the full model instead of depth variants.
 WIDTH_METHODS = registry.names(width_tiers=True)
-#: pFedKnow (seed 002), its ablations AS-1..AS-4 and the SemiFL-style baseline: one tier, the model
-#: ``"conv"`` (images: network slimming) or a transformer (text: magnitude pruning, a student of
-#: ``tier-layers`` layers under the full-depth teacher).
-PFEDKNOW_METHODS = registry.names(client="unlabeled-pruning")
 #: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
 CNN_METHODS = registry.names(family="cnn")
 #: FlexiFed's methods and baselines, mapped to ``strategies.flexifed`` modes; they need an
@@ -58,17 +55,12 @@ class ConfigError(ValueError):
     """Invalid run configuration; the message names every offending key."""
 
 
+class SettingsGroupError(LookupError):
+    """Code read a settings group its method's registry entry does not name (a programming error)."""
+
+
 def _kebab(name: str) -> str:
     return name.replace("_", "-")
-
-
-def split_list(value: str, what: str) -> list[str]:
-    """Split ``"a:b:c"`` (or comma-separated) into stripped, non-empty items."""
-    sep = ":" if ":" in value else ","
-    items = [x.strip() for x in value.split(sep)]
-    if not items or any(not x for x in items):
-        raise ValueError(f"{what} must be a ':'-separated list, got {value!r}")
-    return items
 
 
 # ----------------------------------------------------------------- who reads a key
@@ -235,7 +227,6 @@ class RunConfig(AllGroups):
         "all-MiniLM-L6-v2 was trained; its 2-layer cut learns with it) or 'cls' = BERT's first token. Only with "
         "a transformer model.",
     )
-    # InclusiveFL and the server optimizer (FedAdam)
     # sampling and timing
     fraction_train: float = Field(
         1.0, gt=0.0, le=1.0, description="Share of the available nodes sampled for training each round."
@@ -385,8 +376,6 @@ class RunConfig(AllGroups):
         "it holds every reply of a tier in memory (O(clients x model)).",
         json_schema_extra=_extra(_methods_where(lambda e: e.median)),
     )
-    # pFedKnow and the SemiFL-style baseline (one tier of unlabeled clients; images: model = "conv",
-    # text: a transformer student of tier-layers layers under the full-depth teacher)
 
     @field_validator("tiers")
     @classmethod
@@ -573,7 +562,21 @@ class RunConfig(AllGroups):
             raise ConfigError("; ".join(lines)) from None
 
     def settings_of(self, group: type[GroupT]) -> GroupT:
-        """One settings group's values as that group's model: ``cfg.settings_of(CodistGroup).codist_alpha``."""
+        """One settings group's values as that group's model: ``cfg.settings_of(CodistGroup).codist_alpha``.
+
+        Raises
+        ------
+        SettingsGroupError
+            When the method's registry entry does not name ``group`` (its keys' reader lists would
+            then leave the method out: declare the group in the entry's ``settings``).
+
+        """
+        if group not in self.entry.settings:
+            named = ", ".join(g.__name__ for g in self.entry.settings) or "none"
+            raise SettingsGroupError(
+                f"method {self.method!r} reads {group.__name__} but its registry entry names it not "
+                f"(its settings: {named}); add it to the entry's settings in experiment/registry.py"
+            )
         return group.model_validate({name: getattr(self, name) for name in group.model_fields})
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from experiment.lists import split_list
 from experiment.method_settings import CodistGroup
 from models import cnn
 from models.transformer import full_config
@@ -32,7 +33,7 @@ def server_distillation(cfg: RunConfig) -> None:
 
 
 def pfedknow(cfg: RunConfig) -> None:
-    """PFedKnow and its ablations: the conv CNN or a transformer, the CPU, one tier, a shallower student."""
+    """The checks of pFedKnow and its ablations: the conv CNN or a transformer, the CPU, one tier, a shallow student."""
     if cfg.image_data and cfg.model != cnn.CONV:
         raise ValueError(
             f"run config 'model': {cfg.method!r} prunes HeteroFL's 'conv' CNN (network slimming) or a "
@@ -53,8 +54,6 @@ def pfedknow(cfg: RunConfig) -> None:
 
 def _pfedknow_student(cfg: RunConfig) -> None:
     """A transformer pFedKnow run: one ``tier-layers`` entry, shallower than the full-depth teacher."""
-    from experiment.config import split_list  # the config module imports this one (through the registry)
-
     depths = split_list(cfg.tier_layers, "tier-layers")
     if len(depths) != 1:
         raise ValueError(

@@ -19,7 +19,8 @@ from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from experiment import registry
-from experiment.config import ConfigError, split_list
+from experiment.config import ConfigError
+from experiment.lists import split_list
 from experiment.method_settings import PFedKnowGroup
 from models import cnn
 from models.architectures import architecture_catalog

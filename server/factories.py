@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiment.config import ConfigError, RunConfig, split_list
+from experiment.config import ConfigError, RunConfig
+from experiment.lists import split_list
 from experiment.method_settings import (
     CodistGroup,
     FlexiFedGroup,

@@ -364,7 +364,7 @@ class HeterogeneousStrategy(Strategy):
         if not new:
             return
         offer = self._catalog_offer()
-        for node, profile in query_profiles(grid, new, offer, self.catalog.names(), self.query_timeout).items():
+        for node, profile in query_profiles(grid, new, offer, self.catalog.names(), self.query_timeout):
             if self.assign == "largest":
                 profile.variant = self.catalog.largest.name
             self.profiles[node] = profile

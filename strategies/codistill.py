@@ -42,7 +42,8 @@ applies ``theta <- theta - eta Adam(Delta)``.  This project's
 negated).  :func:`merged_update` is odd in ``(g, delta)`` jointly and Adam's ``m / sqrt(v)`` is
 odd in its input, so both conventions give the same new parameters.
 
-The math is the pure functions below; :class:`CoDistillation` is the Flower glue.
+The math is the pure functions below and the distillation loop with its target and loss in
+:mod:`strategies.distillation`; :class:`CoDistillation` is the Flower glue.
 """
 
 from __future__ import annotations

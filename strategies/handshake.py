@@ -10,7 +10,7 @@ train (:class:`NothingToTrain`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from logging import WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -66,18 +66,18 @@ def check_someone_can_train(server_round: int, profiles: Sequence[NodeProfile | 
 
 def query_profiles(
     grid: Grid, node_ids: Sequence[int], offer: CatalogOffer, variants: Collection[str], timeout: float
-) -> dict[int, NodeProfile]:
-    """Send the catalog offer to ``node_ids``; return the profile of every node that answered well.
+) -> Iterator[tuple[int, NodeProfile]]:
+    """Send the catalog offer to ``node_ids``; yield ``(node, profile)`` per well-formed reply, in reply order.
 
-    A node whose reply is an error or a malformed profile is left out with a logged warning (it
-    is asked again at the next round's handshake); a chosen variant not in ``variants`` is
-    cleared (the node counts as declined).  Profiles come in reply order.
+    A node whose reply is an error or a malformed profile is skipped with a logged warning (it is
+    asked again at the next round's handshake); a chosen variant not in ``variants`` is cleared
+    (the node counts as declined).  Each reply is parsed when the caller asks for the next one, so
+    the caller's own log lines for a node come before the next reply's.
     """
     content = offer.to_record()
     msgs = [Message(RecordDict({CATALOG: content}), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
     by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
-    profiles: dict[int, NodeProfile] = {}
     for reply in replies:
         node = by_id.get(reply.metadata.reply_to_message_id)
         if node is None:
@@ -95,8 +95,7 @@ def query_profiles(
         if profile.variant is not None and profile.variant not in variants:
             log(WARNING, "node %s chose unknown variant %r: ignored", node, profile.variant)
             profile.variant = None
-        profiles[node] = profile
-    return profiles
+        yield node, profile
 
 
 def unchosen_variant_warnings(

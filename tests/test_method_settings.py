@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiment.config import KEY_METHODS, ConfigError, RunConfig
+from experiment.config import KEY_METHODS, ConfigError, RunConfig, SettingsGroupError
 from experiment.method_settings import GROUPS, CodistGroup, InclusiveFLGroup, PFedKnowGroup, group_of, reads
 from experiment.registry import METHODS
 
@@ -15,7 +15,9 @@ def test_a_group_is_read_as_one_object_from_the_flat_keys() -> None:
     own = cfg.settings_of(CodistGroup)
     assert isinstance(own, CodistGroup) and (own.codist_alpha, own.distill_size) == (0.9, 64)
     assert own.model_dump(by_alias=True)["codist-alpha"] == 0.9  # the group keeps the flat keys
-    assert cfg.settings_of(InclusiveFLGroup).beta == 0.2  # every group is validated, read or not
+    assert cfg.beta == 0.2  # every group's keys are validated, read or not
+    with pytest.raises(SettingsGroupError, match=r"method 'codist-merged' reads InclusiveFLGroup but its registry"):
+        cfg.settings_of(InclusiveFLGroup)  # a group the entry does not name
 
 
 def test_a_bad_group_value_fails_before_round_1_naming_the_key() -> None:

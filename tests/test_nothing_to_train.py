@@ -90,8 +90,8 @@ def test_the_launcher_finds_the_typed_error_in_flowers_traceback() -> None:
         "INFO :      configure_train: 0 nodes sampled\n"
         "ERROR :     ServerApp raised an exception\n"
         "Traceback (most recent call last):\n"
-        '  File "strategies/base.py", line 600, in configure_train\n'
-        "strategies.base.NothingToTrain: nothing to train in round 1: all 3 connected nodes declined (...)\n"
+        '  File "strategies/handshake.py", line 60, in check_someone_can_train\n'
+        "strategies.handshake.NothingToTrain: nothing to train in round 1: all 3 connected nodes declined (...)\n"
     )
     assert failure_reason(log) == "NothingToTrain: nothing to train in round 1: all 3 connected nodes declined (...)"
     assert failure_reason("experiment.config.ConfigError: run config 'method': 'x' is not") == (

@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiment.config import PFEDKNOW_METHODS, ConfigError, RunConfig
+from experiment.config import ConfigError, RunConfig
+from experiment.registry import names
 from models.data import DataError, DataSpec, load_partition, load_splits, server_labeled_set, server_test_set
 from server.app import build_strategy
 from server.factories import pfedknow_labeled_set
 from strategies.pfedknow import MODES, PFedKnow
+
+#: pFedKnow, its ablations and the SemiFL-style baseline: the methods whose clients are unlabeled
+PFEDKNOW_METHODS = names(client="unlabeled-pruning")
 
 BASE = {
     "method": "pfedknow",

@@ -26,7 +26,11 @@ def profile(node: int, variant: str | None, tier: str = "weak", reason: str = ""
 def test_evaluation_means_weight_each_reply_by_its_examples() -> None:
     # small: (10 x 0.5 + 30 x 0.1) / 40 = 0.2 loss, (10 x 0.6 + 30 x 0.8) / 40 = 0.75 accuracy
     means = evaluation_means([("small", 10, 0.5, 0.6), ("large", 5, 2.0, 0.4), ("small", 30, 0.1, 0.8)])
-    assert means == {"small": pytest.approx((0.2, 0.75)), "large": (2.0, 0.4)}
+    assert means == {
+        "small": ((10 * 0.5 + 30 * 0.1) / (10 + 30), (10 * 0.6 + 30 * 0.8) / (10 + 30)),  # summed in reply order
+        "large": (2.0, 0.4),
+    }
+    assert means["small"] == pytest.approx((0.2, 0.75))
     assert evaluation_means([]) == {}
 
 
