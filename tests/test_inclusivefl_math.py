@@ -157,6 +157,23 @@ def test_momentum_distillation_uses_previous_momentum_of_next_larger_tier() -> N
     assert torch.allclose(momenta["b"]["w"], (gb[L.format(1)] + gb[L.format(2)]) / 2)
 
 
+def test_momentum_distillation_changes_only_the_smaller_tiers_isolated_top_layers_within_a_round() -> None:
+    """MD blends the top encoder layer of every tier but the strongest, and those layers are isolated.
+
+    So within a round the strongest tier's (the global) model and every shared tensor are the same
+    with and without MD; MD reaches the global model only through the next rounds' client updates
+    (the diagnosis of C3 in docs/RESULTS.md).
+    """
+    prev = {"b": {"w": t(1.0, -1.0)}, "c": {"w": t(2.0, 2.0)}}
+    *_, (with_md, _) = _round(0.5, prev)
+    *_, (without, _) = _round(0.0, prev)
+    tops = {"a": L.format(DEPTHS["a"] - 1), "b": L.format(DEPTHS["b"] - 1)}  # the isolated top layers MD blends
+    for v in "abc":
+        for k in with_md[v]:
+            same = torch.equal(with_md[v][k], without[v][k])
+            assert same == (tops.get(v) != k), f"tier {v}, {k}: {'same' if same else 'differs'}"
+
+
 def test_tier_without_clients_keeps_state_adam_and_momentum() -> None:
     prev = {"b": {"w": t(1.0, -1.0)}, "c": {"w": t(2.0, 2.0)}}
     cat = toy_catalog(DEPTHS)
