@@ -8,7 +8,8 @@ so a ClientApp reads the registry without importing any strategy.  A method miss
 at start (:func:`lookup`), naming the ``method`` key, the registered choices and the closest one.
 
 Adding a method: its module in ``strategies/`` (math as pure functions, a thin strategy), its
-factory, and one :class:`MethodEntry` below (issue 20; ``docs/design/redesign-plan.md``).
+settings group (:mod:`experiment.method_settings`), its factory, and one :class:`MethodEntry`
+below (``docs/ADDING_A_METHOD.md``).
 """
 
 from __future__ import annotations
