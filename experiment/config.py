@@ -15,12 +15,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict, JsonValue
 
 from experiment import registry
 from experiment.lists import split_list
-from experiment.method_settings import AllGroups, GroupT, group_of, reads
+from experiment.method_settings import ALLOWED_EXTRA, AllGroups, GroupT, group_of, kebab, reads
 from models import cnn
 from models.catalog import VariantCatalog
 from models.codist import CODIST_SIZES
@@ -59,16 +59,10 @@ class SettingsGroupError(LookupError):
     """Code read a settings group its method's registry entry does not name (a programming error)."""
 
 
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
 # ----------------------------------------------------------------- who reads a key
 #: The ``json_schema_extra`` entry of a field that lists the methods reading its key (registry
 #: names, registration order); a field without it is read by every method.
 METHODS_EXTRA = "methods"
-#: The ``json_schema_extra`` entry of a string field that spells out its accepted values.
-ALLOWED_EXTRA = "allowed"
 
 
 def _methods_where(keep: Callable[[registry.MethodEntry], bool]) -> list[str]:
@@ -115,8 +109,6 @@ class RunConfig(AllGroups):
     validator, the accepted values (:data:`ALLOWED_EXTRA`).  ``python -m experiment.keys``
     prints the reference (:mod:`experiment.keys`), ``docs/CONFIG_KEYS.md`` holds it.
     """
-
-    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
 
     method: str = Field(
         "inclusivefl",
@@ -725,7 +717,7 @@ def _declared_methods() -> dict[str, tuple[str, ...]]:
     """
     out = {}
     for name, info in RunConfig.model_fields.items():
-        key = info.alias or _kebab(name)
+        key = info.alias or kebab(name)
         extra = info.json_schema_extra
         group = group_of(name)
         if group is not None:

@@ -42,7 +42,8 @@ CODIST_DISTILLING = ("merged", "periodic")
 NO_DISTILLATION = ("fedavg",)
 
 
-def _kebab(name: str) -> str:
+def kebab(name: str) -> str:
+    """A field name as its run-config key: ``num_server_rounds`` -> ``num-server-rounds``."""
     return name.replace("_", "-")
 
 
@@ -69,9 +70,9 @@ def reads(mode: str, extra: object) -> bool:
 
 
 class SettingsGroup(BaseModel):
-    """Base of a settings group: flat kebab-case keys, frozen, unknown keys refused."""
+    """Base of every settings group and of RunConfig: flat kebab-case keys, frozen, unknown keys refused."""
 
-    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
 
 
 GroupT = TypeVar("GroupT", bound=SettingsGroup)

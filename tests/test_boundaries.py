@@ -86,7 +86,7 @@ IGNORES_ALLOWED = {
 #: (settings groups, base slimming, pFedKnow on hooks) bring each under 700 and drop it from here.
 LONG_FILES = {
     "strategies/pfedknow.py": 827,
-    "experiment/config.py": 743,
+    "experiment/config.py": 735,
 }
 
 
