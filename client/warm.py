@@ -40,6 +40,9 @@ import cost is paid once per SuperExec instead of once per message.
   although the objects arrive within a second or two (measured: 15-17 s of a 25-33 s message
   on the loopback cluster).  The overall limit stays Flower's (``PULL_MAX_TIME``, 2 h).
 * ``HETFL_WARM_EXECUTOR=0`` turns it off (every task a plain ``flwr-clientapp`` process).
+* Flower's task loop is run again when it fails while the SuperExec's parent lives
+  (:func:`run_supervised`): Flower's ends at the first error of the API it polls that its
+  retry does not cover, and a SuperLink starts its SuperExec once.
 
 Use it where ``flower-superexec`` would be used: ``--isolation process`` with
 ``python -m client.warm --insecure --runtime-api-address SUPERNODE:9094``, or (what
@@ -60,6 +63,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from logging import INFO, WARNING
 from pathlib import Path
@@ -83,6 +87,8 @@ PULL_BACKOFF_S = (0.02, 0.5)
 PRELOAD_PATIENCE_S = 20.0
 #: Zygotes that may exit before they are ready; after that every ClientApp task is launched cold.
 ZYGOTE_START_LIMIT = 2
+#: Pauses (s) before Flower's task loop is run again after a failure: first, doubling up to the cap.
+LOOP_RESTART_S = (1.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -591,6 +597,52 @@ def serves_clientapps(argv: list[str]) -> bool:
         return True
 
 
+def parent_alive(argv: list[str]) -> bool:
+    """Whether the process named by ``--parent-pid`` in ``argv`` still runs (True without one)."""
+    if "--parent-pid" not in argv[:-1]:
+        return True
+    try:
+        os.kill(int(argv[argv.index("--parent-pid") + 1]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def run_supervised(
+    loop: Callable[[], object],
+    alive: Callable[[], bool],
+    *,
+    pauses: tuple[float, float] = LOOP_RESTART_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Run Flower's SuperExec ``loop`` until it returns, again after each failure while ``alive()``.
+
+    Flower's loop ends at the first error of the Runtime API it polls that its HTTP retry does
+    not cover (it retries 503 and 504 only, ``flwr.supercore.retry.http_retry``): a single
+    transient ``500`` of a SuperLink (a state-database write that waited past SQLite's 5 s busy
+    timeout on a loaded machine) ends it, and a SuperLink starts its SuperExec once and never
+    again, so no ServerApp is launched after that: every run submitted stays pending. Here the
+    loop is run again after a pause (``pauses[0]`` s, doubling up to ``pauses[1]``); once
+    ``alive()`` is false (the parent is gone) the failure is raised. ``SystemExit`` (Flower's
+    own exits: bad configuration, the parent gone) and ``KeyboardInterrupt`` are not caught.
+    """
+    from flwr.common import log
+
+    pause = pauses[0]
+    while True:
+        try:
+            loop()
+            return
+        except Exception as exc:
+            if not alive():
+                raise
+            log(WARNING, "[client.warm] the SuperExec's task loop failed (%r); running it again in %.0f s", exc, pause)
+            sleep(pause)
+            pause = min(2 * pause, pauses[1])
+
+
 def shim_dir(home: Path) -> Path:
     """A directory with a ``flower-superexec`` that runs this module (put it first on ``PATH``).
 
@@ -624,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_superexec.get_executor = get_executor  # type: ignore[assignment]
     sys.argv = ["flower-superexec", *args]
-    flower_superexec()
+    run_supervised(flower_superexec, functools.partial(parent_alive, args))
     return 0
 
 

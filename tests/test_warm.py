@@ -26,9 +26,11 @@ from client.warm import (
     enabled,
     forget_project_modules,
     launch_route,
+    parent_alive,
     preload_modules,
     pull_backoff,
     quick_pull_retries,
+    run_supervised,
     serves_clientapps,
     shim_dir,
 )
@@ -375,3 +377,42 @@ def test_zygotes_that_die_unready_are_restarted_up_to_the_limit(monkeypatch: pyt
         assert executor._zygote is None  # stays cold
     finally:
         executor.close()
+
+
+def test_a_failed_superexec_loop_runs_again_with_doubling_pauses_while_its_parent_lives() -> None:
+    """Flower's loop ends at a SuperLink's first 500 (not retried); a SuperLink never restarts it."""
+    calls: list[int] = []
+    pauses: list[float] = []
+
+    def loop() -> None:
+        calls.append(1)
+        if len(calls) <= 3:
+            raise RuntimeError("HTTP 500 Internal server error.")
+
+    run_supervised(loop, lambda: True, pauses=(1.0, 3.0), sleep=pauses.append)
+    assert len(calls) == 4 and pauses == [1.0, 2.0, 3.0]
+
+
+def test_a_failed_superexec_loop_is_raised_once_its_parent_is_gone() -> None:
+    def loop() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_supervised(loop, lambda: False, sleep=lambda _: None)
+    exits = []
+
+    def exiting() -> None:
+        exits.append(1)
+        raise SystemExit(3)  # Flower's own exits (bad configuration, parent gone) are not caught
+
+    with pytest.raises(SystemExit):
+        run_supervised(exiting, lambda: True, sleep=lambda _: None)
+    assert exits == [1]
+
+
+def test_parent_alive_reads_the_parent_pid_flag() -> None:
+    assert parent_alive(["--insecure"])  # a standalone SuperExec has no parent to outlive
+    assert parent_alive(["--parent-pid", str(os.getpid()), "--insecure"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not parent_alive(["--parent-pid", str(gone.pid)])
