@@ -49,12 +49,17 @@ from deploy.cluster import (
 )
 from deploy.flower import ROOT
 from deploy.netns import HostNetwork
+from deploy.processes import children, cmdline
 from experiment.outputs import ROUNDS_FILE
 
 #: The nftables table the chaos rules live in (one per namespace).
 TABLE = "hetfl_chaos"
 #: Largest chunk the relay reads at once.
 CHUNK = 65536
+
+
+#: How a SuperLink's SuperExec shows in its command line: Flower's, or the warm one (``client.warm``).
+SUPEREXEC_COMMANDS = ("flower-superexec", "client.warm")
 
 
 class ChaosError(RuntimeError):
@@ -272,6 +277,8 @@ class ChaosCluster:
         #: Runs finished on this cluster: name -> ((run config, rounds, app), result).
         self.finished: dict[str, tuple[tuple[str, int, Path], RunResult]] = {}
         self._run_log_at = 0  # where the latest submission's CLI output begins in the "run" log
+        #: The latest run submitted whose last round was not yet seen (:meth:`health`).
+        self.unfinished: str | None = None
 
     @property
     def server(self) -> list[str]:
@@ -339,6 +346,7 @@ class ChaosCluster:
         """Submit a run of ``rounds`` rounds of ``app`` in the background; returns when (``time.monotonic``)."""
         cfg = f"min-available-nodes={self.net.nodes} num-server-rounds={rounds} {run_config}"
         self._run_log_at = len(self.processes.log("run"))
+        self.unfinished = name
         submit_run(
             self.processes, "chaos", run_config=cfg, results_dir=self.root / "results", run_name=name,
             prefix=self.server, app=app,
@@ -357,11 +365,18 @@ class ChaosCluster:
             if procs["superlink"].poll() is not None:
                 raise ChaosError(f"the SuperLink exited ({procs['superlink'].returncode}) during run {name!r}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"run {name!r}: round {rounds} not written after {timeout:.0f} s")
+                raise TimeoutError(f"run {name!r}: round {rounds} not written after {timeout:.0f} s\n{self.stall()}")
             time.sleep(0.5)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.processes.procs["run"].wait(timeout=120)
+        self.unfinished = None
         return RunResult(name, read_rows(folder), time.monotonic() - started)
+
+    def stall(self) -> str:
+        """What a timeout reports: the rounds written so far, the ServerApp's last lines, every log's errors."""
+        rows = {p.parent.name: len(read_rows(p.parent)) for p in (self.root / "results").glob(f"*/{ROUNDS_FILE}")}
+        tail = "\n".join(self.run_output().splitlines()[-25:])
+        return f"rows per run: {rows}\nServerApp (last 25 lines):\n{tail}\n{self.processes.errors()}"
 
     def run_output(self) -> str:
         """What ``flwr run --stream`` printed for the latest submission: the ServerApp's log."""
@@ -391,7 +406,9 @@ class ChaosCluster:
             if self.processes.procs["superlink"].poll() is not None:
                 raise ChaosError(f"the SuperLink exited before run {name!r} checkpointed round {server_round}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"run {name!r}: no checkpoint of round {server_round} after {timeout:.0f} s")
+                raise TimeoutError(
+                    f"run {name!r}: no checkpoint of round {server_round} after {timeout:.0f} s\n{self.stall()}"
+                )
             time.sleep(0.05)
         return path
 
@@ -408,6 +425,38 @@ class ChaosCluster:
         cluster.restart("superlink")
         wait_port(self.ports.fleet, prefix=self.server)
         wait_port(self.ports.control, prefix=self.server)
+
+    def health(self) -> list[str]:
+        """What would keep a submitted run from running; empty when nothing does.
+
+        An exited SuperLink or SuperNode, a SuperLink without its SuperExec (the child that
+        launches every ServerApp: Flower starts it once and never again), and a run submitted
+        and not seen to its end (a case that failed mid-run leaves its ServerApp holding the nodes).
+        """
+        procs = self.processes.procs
+        problems = [f"{name} exited ({procs[name].returncode})" for name in ("superlink", *self.names)
+                    if procs[name].poll() is not None]  # fmt: skip
+        superlink = procs["superlink"]
+        superexecs = [c for c in children(superlink.pid) if any(m in cmdline(c) for m in SUPEREXEC_COMMANDS)]
+        if superlink.poll() is None and not superexecs:
+            problems.append("the SuperLink's SuperExec, which launches the ServerApps, is gone")
+        if self.unfinished is not None:
+            problems.append(f"run {self.unfinished!r} was submitted and not seen to its end")
+        return problems
+
+    def recover(self) -> list[str]:
+        """Rebuild the cluster on a fresh database if :meth:`health` finds a problem; the problems found.
+
+        One case that breaks the cluster then fails alone instead of every case after it.
+        """
+        problems = self.health()
+        if problems:
+            self.stop()
+            for path in self.home.glob("state.db*"):
+                path.unlink()
+            self.unfinished = None
+            self.start()
+        return problems
 
     def stop(self) -> None:
         """Stop every process, remove the namespaces."""

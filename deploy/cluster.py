@@ -27,6 +27,9 @@ from pathlib import Path
 from deploy.flower import BIN, ROOT, RunOutcome, flower_env, flower_home, run_config_arg
 from experiment.outputs import ROUNDS_FILE
 
+ERROR_LINE = re.compile(r"ERROR|Traceback|UnexpectedError|Exception:")
+"""A log line that reports a failure (Flower's level name, Python's traceback, an RPC's exception)."""
+
 
 @dataclass
 class Ports:
@@ -190,8 +193,25 @@ class Cluster:
             if m := re.search(pattern, self.log(name)[after:]):
                 return m
             if time.time() > deadline:
-                raise TimeoutError(f"{name}: no {pattern!r} after {timeout:.0f}s; log tail:\n{self.log(name)[-2000:]}")
+                raise TimeoutError(
+                    f"{name}: no {pattern!r} after {timeout:.0f}s; log tail:\n{self.log(name)[-2000:]}\n{self.errors()}"
+                )
             time.sleep(0.2)
+
+    def errors(self, limit: int = 12) -> str:
+        """The last ``limit`` error lines of each log (for the message of a stalled run's timeout).
+
+        A run that stops making progress often broke elsewhere: the SuperLink logs an unexpected
+        exception of one of its RPCs (``[PushMessages][UnexpectedError:...]``), the ServerApp a
+        traceback. Those lines, not the waited-for process's tail, say where.
+        """
+        parts = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            lines = [line for line in path.read_text(errors="replace").splitlines() if ERROR_LINE.search(line)]
+            if lines:
+                parts.append(f"--- {path.name}: {len(lines)} error lines, the last {min(limit, len(lines))}\n")
+                parts[-1] += "\n".join(lines[-limit:])
+        return "\n".join(parts) if parts else "(no error line in any log)"
 
     def logs(self, tail: int = 2000) -> str:
         """The tail of every log, for assertion messages."""

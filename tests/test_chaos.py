@@ -11,6 +11,7 @@ import json
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,14 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosCluster]:
         pytest.fail(f"the chaos suite needs network namespaces and nftables: {reason} (`make chaos-tools` as root)")
     with ChaosCluster(tmp_path_factory.mktemp("chaos"), nodes=NODES) as cluster:
         yield cluster
+
+
+@pytest.fixture(autouse=True)
+def healthy(chaos: ChaosCluster, request: pytest.FixtureRequest) -> None:
+    """Each case starts on a cluster that can run it: one a failed case left broken is rebuilt first."""
+    problems = chaos.recover()
+    if problems:
+        warnings.warn(f"the chaos cluster was rebuilt before {request.node.name}: {problems}", stacklevel=1)
 
 
 def _config(round_timeout: float = 180.0) -> str:
