@@ -83,9 +83,9 @@ def run(path: str, method: str, num_clients: int = 10, overrides: dict[str, Any]
                 accs0.append(acc0)
             print(json.dumps({"method": method, "round": 0, "acc-mean": float(np.mean(accs0))}), flush=True)
             rows.append({"round": 0, "acc-mean": float(np.mean(accs0))})
+        s.prepare_round(r)
         nodes = s._sample(sorted(s.profiles), cfg.fraction_train, cfg.min_train_nodes)
         s._sent_train = s._messages(nodes, r, ConfigRecord(), MessageType.TRAIN)
-        s.encode_messages(r)
         replies = []
         for i, rec in enumerate(s._sent_train.values()):
             rec.message.metadata.__dict__["_message_id"] = f"r{r}-{i}"

@@ -10,17 +10,25 @@ unknown keys are rejected.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic.config import JsonDict, JsonValue
 
 from experiment import registry
+from experiment.key_readers import (
+    IMAGE_METHODS,
+    METHODS_EXTRA,
+    WIDTH_TIER_METHODS,
+    factory_name,
+    methods_on,
+    methods_where,
+    readers,
+)
 from experiment.lists import split_list
-from experiment.method_settings import ALLOWED_EXTRA, AllGroups, GroupT, group_of, kebab, reads
+from experiment.method_settings import AllGroups, GroupT, group_of, kebab, reads
 from models import cnn
 from models.catalog import VariantCatalog
 from models.codist import CODIST_SIZES
@@ -38,8 +46,6 @@ from models.transformer import (
 if TYPE_CHECKING:
     from experiment.resolve import Experiment
 
-#: Methods whose tiers are width variants of the full model instead of depth variants.
-WIDTH_METHODS = registry.names(width_tiers=True)
 #: Methods a width-only family (the CNNs) can run: HeteroFL/FedRolex and FedAvg on one width.
 CNN_METHODS = registry.names(family="cnn")
 #: FlexiFed's methods and baselines, mapped to ``strategies.flexifed`` modes; they need an
@@ -47,8 +53,6 @@ CNN_METHODS = registry.names(family="cnn")
 FLEXIFED_MODES = registry.modes("architectures")
 #: Co-distillation methods (``model = "codist-cnn"``, tiers = pools named by model size).
 CODIST_MODES = registry.modes("codist")
-#: Architecture families and their members.
-ARCH_FAMILIES = registry.ARCH_FAMILIES
 
 
 class ConfigError(ValueError):
@@ -57,44 +61,6 @@ class ConfigError(ValueError):
 
 class SettingsGroupError(LookupError):
     """Code read a settings group its method's registry entry does not name (a programming error)."""
-
-
-# ----------------------------------------------------------------- who reads a key
-#: The ``json_schema_extra`` entry of a field that lists the methods reading its key (registry
-#: names, registration order); a field without it is read by every method.
-METHODS_EXTRA = "methods"
-
-
-def _methods_where(keep: Callable[[registry.MethodEntry], bool]) -> list[str]:
-    """Registered method names (registration order) whose entry ``keep`` accepts."""
-    return [e.name for e in registry.METHODS.values() if keep(e)]
-
-
-def factory_name(entry: registry.MethodEntry) -> str:
-    """The function part of the entry's strategy factory (``"server.factories:heterofl"`` -> ``"heterofl"``)."""
-    return entry.strategy.rpartition(":")[2]
-
-
-def _on(*families: registry.FamilyKind) -> list[str]:
-    """The methods that run on at least one of ``families``."""
-    return _methods_where(lambda e: not e.families.isdisjoint(families))
-
-
-def _extra(methods: Iterable[str] | None = None, *, allowed: str = "") -> JsonDict:
-    """A field's ``json_schema_extra``: the methods that read its key (``None``: all) and its accepted values."""
-    extra: JsonDict = {}
-    if methods is not None:
-        names: list[JsonValue] = list(dict.fromkeys(methods))
-        extra[METHODS_EXTRA] = names
-    if allowed:
-        extra[ALLOWED_EXTRA] = allowed
-    return extra
-
-
-#: Image models: every family but the transformers.
-_IMAGES = _on("cnn", "architectures", "codist")
-#: Methods whose tiers can be widths: HeteroFL / FedRolex, and every method a CNN runs.
-_WIDTHS = _methods_where(lambda e: e.width_tiers or "cnn" in e.families)
 
 
 class RunConfig(AllGroups):
@@ -114,7 +80,7 @@ class RunConfig(AllGroups):
         "inclusivefl",
         description="The federated method: an entry of experiment/registry.py, which decides the server "
         "strategy, the variants trained and what the clients do.",
-        json_schema_extra=_extra(allowed=", ".join(registry.METHODS)),
+        json_schema_extra=readers(allowed=", ".join(registry.METHODS)),
     )
     num_server_rounds: int = Field(7, ge=1, description="Federated rounds the ServerApp runs.")
     seed: int = Field(
@@ -129,7 +95,7 @@ class RunConfig(AllGroups):
         f"embedded MiniLM-L6 weights, {TINY_MODEL!r}: random initialization for tests, a Hugging Face id or "
         "folder), one of HeteroFL's image CNNs (width tiers), an architecture family (FlexiFed: tiers name its "
         f"architectures) or {CODIST_MODEL!r} (co-distillation pools of model sizes).",
-        json_schema_extra=_extra(
+        json_schema_extra=readers(
             allowed=f"a transformer ({EMBEDDED_MODEL!r}, {TINY_MODEL!r}, a Hugging Face id or folder), "
             f"{', '.join(repr(m) for m in (*cnn.MODEL_NAMES, *registry.ARCH_FAMILIES, CODIST_MODEL))}"
         ),
@@ -138,7 +104,7 @@ class RunConfig(AllGroups):
         "32:64:128:256",
         description="Hidden channels of the full CNN per stage, ':'-separated (HeteroFL's are 64:128:256:512; "
         "the default halves them for CPUs). Only with model = 'conv' or 'preresnet18'.",
-        json_schema_extra=_extra(_on("cnn"), allowed="positive integers, ':'-separated"),
+        json_schema_extra=readers(methods_on("cnn"), allowed="positive integers, ':'-separated"),
     )
     arch_width: float = Field(
         0.25,
@@ -146,61 +112,61 @@ class RunConfig(AllGroups):
         le=4.0,
         description="Channel multiplier of FlexiFed's VGG / ResNet architectures (1 = the original widths). "
         "Only with model = 'vgg' or 'resnet'.",
-        json_schema_extra=_extra(_on("architectures")),
+        json_schema_extra=readers(methods_on("architectures")),
     )
     image_channels: int = Field(
         1,
         ge=1,
         description="Input channels of the image models (1 = grayscale, 3 = RGB); checked against the data "
         "before round 1.",
-        json_schema_extra=_extra(_IMAGES),
+        json_schema_extra=readers(IMAGE_METHODS),
     )
     image_size: int = Field(
         28,
         ge=4,
         description="Side of the square input images in pixels; checked against the data before round 1.",
-        json_schema_extra=_extra(_IMAGES),
+        json_schema_extra=readers(IMAGE_METHODS),
     )
     tiers: str = Field(
         "weak:medium:strong",
         description="Tier names, weakest first. FlexiFed: the family's architectures (e.g. "
         "'vgg11:vgg13:vgg16:vgg19'); co-distillation on 'codist-cnn': pools by model size ('small:large'); "
         "pFedKnow: exactly one tier.",
-        json_schema_extra=_extra(allowed="unique names without '/', ':'-separated"),
+        json_schema_extra=readers(allowed="unique names without '/', ':'-separated"),
     )
     tier_layers: str = Field(
         "2:4:6",
         description="Encoder layers of each tier's transformer variant, one per tier (pFedKnow: the student's "
         "depth, below the full model's); width tiers with tier-widths = 'auto' match these depths' sizes. "
         "Ignored for image models.",
-        json_schema_extra=_extra(allowed="strictly increasing positive integers, ':'-separated"),
+        json_schema_extra=readers(allowed="strictly increasing positive integers, ':'-separated"),
     )
     tier_proportions: str = Field(
         "1:1:1",
         description="Share of the simulation's virtual clients in each tier, one number per tier (0 leaves a "
         "tier out).",
-        json_schema_extra=_extra(allowed="non-negative numbers with a positive sum, ':'-separated"),
+        json_schema_extra=readers(allowed="non-negative numbers with a positive sum, ':'-separated"),
     )
     tier_memory_mb: str = Field(
         "700:850:1100",
         description="Emulated memory budget (MiB) of each tier's nodes in simulation: a node trains the largest "
         "variant whose estimate fits it with runtime-overhead-mb. 'auto' gives each tier a budget between its "
         "own variant's estimate and the next one's.",
-        json_schema_extra=_extra(allowed="'auto' or non-negative numbers with a positive sum, ':'-separated"),
+        json_schema_extra=readers(allowed="'auto' or non-negative numbers with a positive sum, ':'-separated"),
     )
     tier_widths: str = Field(
         "auto",
         description="Width rate of each tier's variant when tiers are widths (HeteroFL / FedRolex, any method on "
         "a CNN): 'auto' matches the depth variants' parameter counts (CNNs: halves the rate per tier below the "
         "strongest, e.g. 0.25:0.5:1).",
-        json_schema_extra=_extra(_WIDTHS, allowed="'auto' or increasing rates in (0, 1] ending at 1"),
+        json_schema_extra=readers(WIDTH_TIER_METHODS, allowed="'auto' or increasing rates in (0, 1] ending at 1"),
     )
     tier_domains: str = Field(
         "",
         description="Per tier, the input domain of its clients' images ('inverted': domain-shifted pools); "
         "'' = all plain. Co-distillation splits its distillation images over the domains.",
-        json_schema_extra=_extra(
-            _IMAGES, allowed=f"'' or one of {', '.join(map(repr, IMAGE_DOMAINS))} per tier, ':'-separated"
+        json_schema_extra=readers(
+            IMAGE_METHODS, allowed=f"'' or one of {', '.join(map(repr, IMAGE_DOMAINS))} per tier, ':'-separated"
         ),
     )
     runtime_overhead_mb: float = Field(
@@ -250,7 +216,7 @@ class RunConfig(AllGroups):
         1,
         ge=1,
         description="Full passes over the node's training data per round. Only with local-steps = 0.",
-        json_schema_extra=_extra(registry.names(client="supervised")),
+        json_schema_extra=readers(registry.names(client="supervised")),
     )
     batch_size: int = Field(
         16,
@@ -272,7 +238,7 @@ class RunConfig(AllGroups):
         description="Where ClientApps train and evaluate and the ServerApp evaluates and distills: 'auto' = a "
         "CUDA GPU when the machine has one. In simulation also give Ray a GPU share per client "
         "(python -m deploy.launch simulation --gpus-per-client 0.25).",
-        json_schema_extra=_extra(allowed="'cpu', 'auto', 'cuda' or 'cuda:N'"),
+        json_schema_extra=readers(allowed="'cpu', 'auto', 'cuda' or 'cuda:N'"),
     )
     client_threads: int = Field(
         0,
@@ -295,7 +261,7 @@ class RunConfig(AllGroups):
     image_column: str = Field(
         "image",
         description="Column holding the input image. Only with an image model.",
-        json_schema_extra=_extra(_IMAGES),
+        json_schema_extra=readers(IMAGE_METHODS),
     )
     label_column: str = Field("label", description="Column holding the integer class label.")
     num_labels: int = Field(
@@ -357,8 +323,8 @@ class RunConfig(AllGroups):
         "0",
         description="Clip each reply's update to this L2 norm before it is aggregated, against poisoned updates: "
         "one bound for every tier or one per tier (0 = off).",
-        json_schema_extra=_extra(
-            _methods_where(lambda e: factory_name(e) != "pfedknow"),
+        json_schema_extra=readers(
+            methods_where(lambda e: factory_name(e) != "pfedknow"),
             allowed="finite numbers >= 0: one, or one per tier",
         ),
     )
@@ -366,7 +332,7 @@ class RunConfig(AllGroups):
         "mean",
         description="'median': a coordinate-wise median per tier instead of the mean, against poisoned updates; "
         "it holds every reply of a tier in memory (O(clients x model)).",
-        json_schema_extra=_extra(_methods_where(lambda e: e.median)),
+        json_schema_extra=readers(methods_where(lambda e: e.median)),
     )
 
     @field_validator("tiers")
@@ -459,12 +425,9 @@ class RunConfig(AllGroups):
         mismatch = self._family_mismatch()
         if mismatch:
             raise ValueError(mismatch)
-        if self.is_architectures:
-            unknown = [t for t in self.tier_names if t not in ARCH_FAMILIES[self.model]]
-            if unknown:
-                raise ValueError(
-                    f"run config 'tiers': {unknown} are not {self.model!r} architectures {ARCH_FAMILIES[self.model]}"
-                )
+        members = registry.ARCH_FAMILIES.get(self.model, ()) if self.is_architectures else ()
+        if unknown := [t for t in self.tier_names if members and t not in members]:
+            raise ValueError(f"run config 'tiers': {unknown} are not {self.model!r} architectures {members}")
         if self.entry.check is not None:
             self.entry.check(self)
         if self.is_codist:

@@ -25,8 +25,8 @@ import annotated_types
 from pydantic.fields import FieldInfo
 
 from experiment import registry
-from experiment.config import ALLOWED_EXTRA, KEY_METHODS, RunConfig
-from experiment.method_settings import GROUPS, group_of
+from experiment.config import KEY_METHODS, RunConfig
+from experiment.method_settings import ALLOWED_EXTRA, GROUPS, group_of
 
 #: The command that writes the docs page (named in the page's header).
 MARKDOWN_COMMAND = "python -m experiment.keys --markdown > docs/CONFIG_KEYS.md"

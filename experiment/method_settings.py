@@ -28,7 +28,7 @@ from pydantic.config import JsonDict, JsonValue
 MODES_EXTRA, BUT_EXTRA, ALLOWED_EXTRA = "modes", "but", "allowed"
 
 #: pFedKnow's modes (the registry's ``mode``, here equal to the method name) by what they use;
-#: ``tests/test_config_keys.py`` checks them against :data:`strategies.pfedknow.MODES`.
+#: ``tests/test_config_keys.py`` checks them against :data:`strategies.pfedknow_modes.MODES`.
 PFEDKNOW_PRUNING = ("pfedknow", "pfedknow-as2", "pfedknow-as3")
 PFEDKNOW_TEACHER = ("pfedknow", "pfedknow-as4")
 #: Modes whose server distills (collaborative distillation) or distills at initialization (teacher).

@@ -41,8 +41,9 @@ from strategies.fedadam import FedAdamConfig
 from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL, WidthRules
 from strategies.inclusivefl import InclusiveFL
-from strategies.pfedknow import MODES as PFEDKNOW_MODES
-from strategies.pfedknow import PFedKnow, PFedKnowSettings, text_mode
+from strategies.pfedknow import PFedKnow
+from strategies.pfedknow_modes import MODES as PFEDKNOW_MODES
+from strategies.pfedknow_modes import PFedKnowSettings, text_mode
 
 
 def fedadam(cfg: RunConfig) -> FedAdamConfig:
@@ -196,7 +197,7 @@ def pfedknow(cfg: RunConfig, entry: MethodEntry, common: Mapping[str, Any]) -> P
     Images: the lightweight ``conv`` CNN under a ``pfedknow-teacher-scale`` wider teacher
     (random initialization).  Text: a ``tier-layers``-deep student under the full-depth
     transformer with its pretrained weights (:func:`models.transformer.build_model`), the mode's
-    text version (:func:`strategies.pfedknow.text_mode`).
+    text version (:func:`strategies.pfedknow_modes.text_mode`).
     """
     family = cfg.family()
     mode = PFEDKNOW_MODES[entry.mode]

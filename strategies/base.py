@@ -3,32 +3,24 @@
 Flower's own ``Strategy.start`` drives the rounds.  This base adds what every
 heterogeneous method needs and leaves only the aggregation math to subclasses:
 
-* **handshake** -- every node not seen before gets a ``query`` message carrying the
-  published catalog (variant names and estimated training memory) and answers with
-  its :class:`NodeProfile` (tier, memory budget, examples, chosen variant or the
-  reason it declined);
-* **per-node messages** -- ``configure_train`` slices the server state into each
-  node's variant and sends one ``Message`` per node;
-* **validation** -- ``aggregate_train`` checks every reply against the layout it was
-  sent (keys, shapes, dtype, finite values, example count, variant, round); a bad
-  reply is logged and dropped before its mean reaches the model (finiteness is checked
-  once on the round's sums where the replies are held, and reply by reply only when a
-  sum is not finite: :meth:`HeterogeneousStrategy.defers_finiteness`);
-* **streaming** -- per-group :class:`~strategies.streaming.StreamingMean`, so
-  memory is ``O(groups x model)``, independent of the number of replies;
-* **failures** -- error replies (a ClientApp exception, or a dead node whose error
-  the SuperLink sends with ``src_node_id = 1``) are mapped back to the node through
-  ``reply_to_message_id`` and reported per round, and so is every node whose reply did
-  not come within the round timeout;
-* **prompt replies** -- :meth:`HeterogeneousStrategy.start` runs Flower's loop on a
-  :class:`PromptGrid`, which polls for replies every 0.2 s (Flower's deployment grid
-  sleeps 3 s between polls);
-* **robust options** (opt-in, :mod:`strategies.robust`) -- per-group update-norm
-  clipping before folding, and a coordinate-wise median per group instead of the mean;
-* **checkpoints** -- :meth:`HeterogeneousStrategy.checkpoint_state` /
-  :meth:`HeterogeneousStrategy.load_checkpoint_state` hold the complete server state
-  (subclasses add their method state through ``method_state`` / ``load_method_state``);
-  a resumed strategy offsets Flower's round numbers by the checkpoint's round.
+* **handshake** (:mod:`strategies.handshake`) -- each new node answers a ``query`` carrying
+  the catalog with its :class:`NodeProfile` (tier, memory, examples, variant or why it declined);
+* **per-node messages** -- ``configure_train`` sends each sampled node its variant;
+* **validation** (:mod:`strategies.validation`, :mod:`strategies.replay`) -- a reply that does
+  not fit what was sent (keys, shapes, dtype, finite values, examples, variant, round, a replay)
+  is logged and dropped before it reaches the model (:meth:`HeterogeneousStrategy.defers_finiteness`);
+* **streaming** -- per-group :class:`~strategies.streaming.StreamingMean`: ``O(groups x model)`` memory;
+* **failures** (:mod:`strategies.replies`) -- error replies and nodes silent past the round
+  timeout are mapped back to the node and reported per round;
+* **prompt replies** -- the loop runs on a :class:`PromptGrid` polling every 0.2 s (Flower's: 3 s);
+* **robust options** (:mod:`strategies.robust`) -- opt-in update-norm clipping, per-group median;
+* **checkpoints** -- :meth:`HeterogeneousStrategy.checkpoint_state` holds the whole server state.
+
+A method's extension points, each documented with when it runs: ``initial_state``,
+``check_state``, ``prepare_round``, ``message_variants``, ``variant_payload``, ``encode_payload``,
+``summarize_messages``, ``decode_reply``, ``fold_reply`` / ``fold_group`` (with ``folds_rebuildable``, ``folds_finite``,
+``reset_folds``), ``apply_round``, ``summarize_replies``, ``summarize_evaluation``,
+``models_for_evaluation``, ``method_state`` / ``load_method_state`` / ``rebind_node``.
 
 Server state is held as ``{variant: {param: Tensor}}`` and exposed to Flower's loop as
 one composite ``ArrayRecord`` keyed ``"<variant>/<param>"``; that record and the per-node
@@ -45,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from logging import INFO, WARNING
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar
 
 import torch
 from flwr.app import (
@@ -56,6 +48,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.app.typing import ConfigRecordValues
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -71,19 +64,26 @@ from experiment.protocol import (
 )
 from models.catalog import VariantCatalog
 from strategies.grid import HeldArrays, HeldArraysGrid, PromptGrid
-from strategies.handshake import check_someone_can_train, query_profiles, unchosen_variant_warnings
+from strategies.handshake import (
+    check_someone_can_train,
+    log_profile,
+    query_profiles,
+    unchosen_variant_warnings,
+    wait_for_nodes,
+)
+from strategies.options import check_options
 from strategies.profiles import NodeProfile
 from strategies.pull_bound import reply_bound
 from strategies.records import ArrayCache, State, compose, decompose, record_nbytes, to_record
 from strategies.replay import ReplayGuard
 from strategies.replies import (
     Accepted,
+    Evaluated,
     RoundReport,
     Sent,
     by_message_id,
     evaluation_means,
-    match_reply,
-    report_missing,
+    matched_replies,
     variant_counts,
 )
 from strategies.robust import MedianBuffer, clip_update
@@ -101,26 +101,6 @@ class StrategyStateError(RuntimeError):
     """The strategy was asked for something its state cannot give (a programming error, not bad input)."""
 
 
-class StrategyOptions(TypedDict, total=False):
-    """The options of :class:`HeterogeneousStrategy` a method's strategy passes on unchanged.
-
-    A method's ``__init__`` takes its own parameters and ``**options: Unpack[StrategyOptions]``
-    (typed keyword options, not an untyped catch-all); each key is the base parameter of the same name.
-    """
-
-    fraction_train: float
-    fraction_evaluate: float
-    min_train_nodes: int
-    min_evaluate_nodes: int
-    min_available_nodes: int
-    assign: str
-    max_examples: int
-    query_timeout: float
-    seed: int
-    clip_update_norm: Mapping[str, float] | None
-    robust_aggregation: str
-
-
 class HeterogeneousStrategy(Strategy):
     """Base for strategies whose nodes train different variants of one family.
 
@@ -128,30 +108,8 @@ class HeterogeneousStrategy(Strategy):
     ----------
     catalog : VariantCatalog
         Variants published to clients, smallest first.  Groups are variants.
-    fraction_train, fraction_evaluate : float
-        Share of eligible nodes sampled per round.
-    min_train_nodes, min_evaluate_nodes : int
-        Lower bound on the sample size (capped at the eligible nodes).
-    min_available_nodes : int
-        Wait until this many nodes are connected before a round starts.
-    assign : {"choice", "largest"}
-        ``choice`` trains each node on the variant it picked by memory;
-        ``largest`` ignores memory and gives every answering node the largest
-        variant (the AllLarge upper bound).
-    max_examples : int
-        Upper bound accepted for a reply's ``num-examples``.
-    query_timeout : float
-        Seconds to wait for handshake replies.
-    seed : int
-        Seed of node sampling.
-    clip_update_norm : Mapping[str, float], optional
-        Per variant (group) the bound ``c`` on a reply's update norm ``||x - w||_2``
-        (:func:`strategies.robust.clip_update`); a missing variant or ``c = 0`` is not clipped.
-    robust_aggregation : {"mean", "median"}
-        ``mean`` streams replies into example-weighted means (``O(groups x model)``);
-        ``median`` buffers each group's replies and folds their coordinate-wise median
-        once, weighted by the group's total examples (``O(clients x model)``, opt-in;
-        only for methods with ``supports_median``).
+    fraction_train, fraction_evaluate, ..., robust_aggregation
+        The options every strategy shares, described in :class:`strategies.options.StrategyOptions`.
 
     """
 
@@ -174,20 +132,15 @@ class HeterogeneousStrategy(Strategy):
         clip_update_norm: Mapping[str, float] | None = None,
         robust_aggregation: str = "mean",
     ) -> None:
-        if not 0.0 < fraction_train <= 1.0:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-        if not 0.0 <= fraction_evaluate <= 1.0:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
-        if assign not in ("choice", "largest"):
-            raise ValueError(f"assign must be 'choice' or 'largest', got {assign!r}")
-        if robust_aggregation not in ("mean", "median"):
-            raise ValueError(f"robust_aggregation must be 'mean' or 'median', got {robust_aggregation!r}")
-        if robust_aggregation == "median" and not self.supports_median:
-            raise ValueError(f"{type(self).__name__} does not support the coordinate-wise median")
-        bounds = dict(clip_update_norm or {})
-        bad = {k: c for k, c in bounds.items() if not (math.isfinite(c) and c >= 0)}
-        if bad:
-            raise ValueError(f"clip_update_norm bounds must be finite and >= 0, got {bad}")
+        bounds = check_options(
+            type(self).__name__,
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            assign=assign,
+            robust_aggregation=robust_aggregation,
+            supports_median=self.supports_median,
+            clip_update_norm=clip_update_norm,
+        )
         self.catalog = catalog
         #: what each node holds (arrays it already received are left out of its messages)
         self.held = HeldArrays()
@@ -209,7 +162,7 @@ class HeterogeneousStrategy(Strategy):
         self._sent_eval: dict[str, Sent] = {}
         self.reports: dict[int, RoundReport] = {}
         self.on_round_end: Callable[[RoundReport], None] | None = None
-        self.clip_bounds = {k: c for k, c in bounds.items() if c > 0}
+        self.clip_bounds = bounds
         self.robust_aggregation = robust_aggregation
         self.round_offset = 0
         self._restored_nodes: dict[str, int] = {}
@@ -372,22 +325,14 @@ class HeterogeneousStrategy(Strategy):
             if old is not None and old != node:
                 log(INFO, "node %s is node %s of the checkpoint (%s)", node, old, profile.stable_key)
                 self.rebind_node(old, node)
-            if profile.variant is None:
-                log(WARNING, "node %s (tier %s) declined: %s", node, profile.tier, profile.reason)
-            else:
-                log(INFO, "node %s: tier %s, %.0f MiB -> %s", node, profile.tier, profile.memory_mb, profile.variant)
+            log_profile(node, profile)
         for message in unchosen_variant_warnings(self.catalog.names(), self.profiles.values(), self.plan_warnings):
             self.plan_warnings.append(message)
             log(WARNING, "%s", message)
 
     def eligible_nodes(self, grid: Grid) -> list[int]:
         """Connected nodes that have a variant, after handshaking new ones."""
-        waited = 0
-        while len(all_nodes := list(grid.get_node_ids())) < self.min_available_nodes:
-            if waited % 30 == 0:
-                log(INFO, "Waiting for nodes: %d connected, %d required", len(all_nodes), self.min_available_nodes)
-            time.sleep(1)
-            waited += 1
+        all_nodes = wait_for_nodes(grid, self.min_available_nodes)
         self.handshake(grid, all_nodes)
         return sorted(n for n in all_nodes if n in self.profiles and self.profiles[n].variant is not None)
 
@@ -407,6 +352,7 @@ class HeterogeneousStrategy(Strategy):
         self._sync_state(arrays)
         report = self.report(server_round)
         report.started = time.time()
+        self.prepare_round(server_round)
         eligible = self.eligible_nodes(grid)
         if not eligible and self.fraction_train > 0:
             check_someone_can_train(server_round, [self.profiles.get(n) for n in grid.get_node_ids()])
@@ -415,6 +361,14 @@ class HeterogeneousStrategy(Strategy):
         log(INFO, "configure_train: %d nodes sampled (%s)", len(nodes), variant_counts(self._sent_train))
         return [s.message for s in self._sent_train.values()]
 
+    def prepare_round(self, server_round: int) -> None:
+        """Runs at the start of each round's ``configure_train``, before sampling (default: nothing).
+
+        The state is already synced with Flower's record; a method that changes ``self.state``
+        here recomposes it (:meth:`_compose_state`). pFedKnow trains its teacher and ``w_s'``
+        on its labeled set before round 1 here.
+        """
+
     def _messages(self, nodes: Iterable[int], server_round: int, config: ConfigRecord, kind: str) -> dict[str, Sent]:
         """Build a ``kind`` message per node and variant of :meth:`message_variants`; count bytes sent."""
         report = self.report(server_round)
@@ -422,13 +376,34 @@ class HeterogeneousStrategy(Strategy):
         out: dict[str, Sent] = {}
         for node in nodes:
             for variant in self.message_variants(node, kind):
-                payload = to_record(self.variant_payload(node, variant), self._arrays)
+                payload, extra = self.encode_payload(node, variant, kind, server_round)
                 cfg = instruction_config(config, server_round=server_round, variant=variant)
+                for key, value in extra.items():
+                    cfg[key] = value
                 held = self.held.prepare(node, payload)  # arrays the node holds are left out
                 msg = Message(RecordDict({ARRAYS: payload, CONFIG: cfg, **held}), dst_node_id=node, message_type=kind)
                 out[str(id(msg))] = Sent(msg, node, variant, record_nbytes(payload))
                 report.add(variant, "bytes-down", out[str(id(msg))].nbytes)
+        self.summarize_messages(server_round, kind, out)
         return out
+
+    def summarize_messages(self, server_round: int, kind: str, sent: Mapping[str, Sent]) -> None:
+        """Add method metrics of the round's built ``kind`` messages to the report (default: nothing).
+
+        Runs once the messages are built, before they are sent; ``Sent.nbytes`` is each message's
+        payload without the arrays its node holds. pFedKnow records each client's bytes down.
+        """
+
+    def encode_payload(
+        self, node_id: int, variant: str, kind: str, server_round: int
+    ) -> tuple[ArrayRecord, dict[str, ConfigRecordValues]]:
+        """The ``ARRAYS`` record of a ``kind`` message to ``node_id`` and the config keys to add to it.
+
+        Runs while each round's messages are built, once per node and variant. Default: the
+        dense :meth:`variant_payload` (its ``Array`` objects cached across messages), no keys;
+        pFedKnow sends its training messages sparse, with the round's pruning instruction.
+        """
+        return to_record(self.variant_payload(node_id, variant), self._arrays), {}
 
     def message_variants(self, node_id: int, kind: str) -> list[str]:
         """Variants a node gets a ``kind`` message for this round: the one it chose (override for more)."""
@@ -440,22 +415,14 @@ class HeterogeneousStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, stream them into per-variant means, apply the method.
+        """Decode and validate each reply (:meth:`decode_reply`), fold it (:meth:`fold_reply`), apply the method.
 
-        Numeric client metrics other than ``num-examples`` (``train-loss``, ``layers``)
-        are reported as example-weighted means per variant.  With clipping on, each reply's
-        update is clipped before it is folded (``clipped`` counts them per variant); with
-        ``robust_aggregation="median"`` replies are buffered per variant and each group's
-        coordinate-wise median is folded once (:meth:`fold_group`).
-
-        Finiteness is checked per reply before it is folded, except where
-        :meth:`defers_finiteness`: there the per-variant sums are checked once (a NaN or Inf
-        in any reply makes its variant's sum NaN or Inf) and only when one is not finite is
-        every held reply checked, the non-finite ones rejected with the same reason and the
-        sums rebuilt from the rest -- one pass over the sums instead of one over every reply.
-        Either way, sums that are still not finite (finite replies whose weighted sum
-        overflows float32) are discarded with a logged reason: the round then leaves the
-        model as if no reply had come.
+        With clipping on, each update is clipped before it is folded (``clipped`` counts them);
+        with the median, each group's coordinate-wise median is folded once (:meth:`fold_group`).
+        Finiteness is checked per reply, or, where :meth:`defers_finiteness`, once on the sums,
+        and only when a sum is not finite is every held reply checked, the bad ones rejected and
+        the sums rebuilt. Sums still not finite (a float32 overflow of finite replies) are
+        discarded with a logged reason: the model stays as if no reply had come.
         """
         server_round = self.global_round(server_round)
         report = self.report(server_round)
@@ -480,37 +447,47 @@ class HeterogeneousStrategy(Strategy):
             self.reset_folds()
             accepted, means = [], {}
         counts = {v.name: 0 for v in self.catalog}
-        client_metrics: dict[str, StreamingMean] = {}
         for entry in accepted:
-            variant, n = entry.sent.variant, entry.num_examples
+            variant = entry.sent.variant
             counts[variant] += 1
             report.add(variant, "clients", 1)
-            report.add(variant, "examples", n)
+            report.add(variant, "examples", entry.num_examples)
             report.add(variant, "bytes-up", entry.nbytes)
-            scalars = {k: torch.tensor(v) for k, v in scalar_metrics(entry.metrics).items()}
-            if scalars:
-                client_metrics.setdefault(variant, StreamingMean()).add(scalars, n)
-        del accepted
+        accepted = [replace(entry, tensors={}) for entry in accepted]  # folded: the tensors go
         mean_params = {k: m.take_mean() for k, m in means.items()}  # the round's own tensors
         self.apply_round(server_round, mean_params, counts)
         self._compose_state()
+        out = self.summarize_replies(server_round, accepted)
+        for variant, c in counts.items():
+            out[f"{variant}/clients"] = c
+        return self._record, out
+
+    def summarize_replies(self, server_round: int, accepted: Sequence[Accepted]) -> MetricRecord:
+        """The round's client metrics, into the report and the record Flower logs; runs after :meth:`apply_round`.
+
+        ``accepted`` are the round's accepted replies (their tensors already dropped). Default:
+        every numeric metric but ``num-examples`` (``train-loss``, ``layers``) as an example-weighted
+        mean per variant. ``aggregate_train`` adds each variant's reply count (``<variant>/clients``).
+        """
+        report = self.report(server_round)
+        client_metrics: dict[str, StreamingMean] = {}
+        for entry in accepted:
+            scalars = {k: torch.tensor(v) for k, v in scalar_metrics(entry.metrics).items()}
+            if scalars:
+                client_metrics.setdefault(entry.sent.variant, StreamingMean()).add(scalars, entry.num_examples)
         out = MetricRecord()
         for variant, acc in client_metrics.items():
             for key, value in acc.mean().items():
                 out[f"{variant}/{key}"] = float(value)
                 report.group(variant)[key] = float(value)
-        for variant, c in counts.items():
-            out[f"{variant}/clients"] = c
-        return self._record, out
+        return out
 
     def defers_finiteness(self, replies: Iterable[Message]) -> bool:
         """Whether :meth:`aggregate_train` checks the sums' finiteness instead of every reply's.
 
-        Only when the replies are already held (a ``Sequence``: Flower's ``send_and_receive``
-        returns a list), so a failed check can go back to them -- a lazy iterable is checked
-        reply by reply and never held -- and only when the sums can be dropped and rebuilt
-        after a failure (:meth:`folds_rebuildable`), without clipping (a clipped reply's norm
-        needs finite values) or the median.
+        Only for held replies (a ``Sequence``, as Flower's ``send_and_receive`` returns; a lazy
+        iterable is checked reply by reply), sums that can be dropped and rebuilt after a failure
+        (:meth:`folds_rebuildable`), no clipping (a norm needs finite values) and no median.
         """
         return (
             isinstance(replies, Sequence)
@@ -542,35 +519,42 @@ class HeterogeneousStrategy(Strategy):
         The failed and rejected replies are reported as they come, the missing ones once the
         replies are exhausted.  The tensors are views of the reply's payload bytes (no copies).
         """
-        sent = by_message_id(self._sent_train)
-        seen: list[tuple[str, int]] = []
-        for reply in replies:
-            seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
-            rec = match_reply(reply, sent, report, "train")
-            if rec is None:
-                continue
-            layout = self.catalog.get(rec.variant).layout.by_name()
-            expected = {k: s for k, s in layout.items() if s.trainable}
+        for reply, rec in matched_replies(replies, by_message_id(self._sent_train), report, "train"):
             try:
-                tensors, n, metrics = validate_train_reply(
-                    reply.content,
-                    expected=expected,
-                    variant=rec.variant,
-                    server_round=server_round,
-                    max_examples=self.max_examples,
-                    check_finite=check_finite,
-                )
-                profile = self.profiles.get(rec.node_id)
-                if profile is not None:
-                    validate_examples_claim(n, profile.num_examples)
-                fingerprint = self.replays.check(tensors, server_round)
+                entry = self.decode_reply(rec, reply.content, server_round, check_finite=check_finite)
+                fingerprint = self.replays.check(entry.tensors, server_round)
             except ReplyRejected as exc:
                 report.reject(f"node {rec.node_id} ({rec.variant}): {exc}")
                 continue
             self.replays.accept(fingerprint, server_round)
-            nbytes = record_nbytes(record_of(reply.content, ARRAYS, ArrayRecord))
-            yield Accepted(rec, tensors, n, metrics, nbytes)
-        report_missing(sent, seen, report, "train")
+            yield entry
+
+    def decode_reply(self, sent: Sent, content: RecordDict, server_round: int, *, check_finite: bool) -> Accepted:
+        """Validate one matched training reply against what was sent; raise :class:`ReplyRejected` if bad.
+
+        Runs for each reply as it is matched, before the replay check and the fold. Default: the
+        dense reply of :func:`~strategies.validation.validate_train_reply` (the variant's trainable
+        tensors, finite values where ``check_finite``) and an example count within the node's
+        profile; pFedKnow decodes its sparse uploads and their masks.
+        """
+        layout = self.catalog.get(sent.variant).layout.by_name()
+        expected = {k: s for k, s in layout.items() if s.trainable}
+        tensors, n, metrics = validate_train_reply(
+            content,
+            expected=expected,
+            variant=sent.variant,
+            server_round=server_round,
+            max_examples=self.max_examples,
+            check_finite=check_finite,
+        )
+        self.check_examples_claim(sent, n)
+        return Accepted(sent, tensors, n, metrics, record_nbytes(record_of(content, ARRAYS, ArrayRecord)))
+
+    def check_examples_claim(self, sent: Sent, num_examples: int) -> None:
+        """Reject a reply claiming more examples than its node declared in the handshake."""
+        profile = self.profiles.get(sent.node_id)
+        if profile is not None:
+            validate_examples_claim(num_examples, profile.num_examples)
 
     def _fold_accepted(
         self, entries: Iterable[Accepted], report: RoundReport, *, keep_tensors: bool
@@ -597,7 +581,7 @@ class HeterogeneousStrategy(Strategy):
             if self.robust_aggregation == "median":
                 buffers.setdefault(rec.variant, MedianBuffer()).add(tensors, float(n))
             else:
-                self.fold_reply(rec, tensors, n, means)
+                self.fold_reply(entry, tensors, means)
             del tensors
             kept.append(entry if keep_tensors else replace(entry, tensors={}))
         for variant, buf in buffers.items():
@@ -605,11 +589,14 @@ class HeterogeneousStrategy(Strategy):
             self.fold_group(variant, median, total, count, means)
         return kept, means
 
-    def fold_reply(
-        self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
-    ) -> None:
-        """Fold one validated reply into the group sums (weighted by examples)."""
-        means.setdefault(sent.variant, StreamingMean()).add(tensors, float(num_examples))
+    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
+        """Fold one accepted reply (``tensors``: its own, or clipped) into the group sums, weighted by examples.
+
+        Runs for each accepted reply, in arrival order, without the median. A method that keeps
+        what it folds outside ``means`` (per-node models, coverage sums, pFedKnow's uploads)
+        overrides this with :meth:`folds_rebuildable`, :meth:`folds_finite` and :meth:`reset_folds`.
+        """
+        means.setdefault(entry.sent.variant, StreamingMean()).add(tensors, float(entry.num_examples))
 
     def fold_group(
         self,
@@ -629,12 +616,10 @@ class HeterogeneousStrategy(Strategy):
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
     ) -> None:
-        """Method math: update ``self.state`` from per-variant mean client weights.
+        """Method math, after every reply is folded: update ``self.state`` from per-variant mean client weights.
 
-        ``means[v]`` is the example-weighted mean of the weights returned by the
-        ``counts[v]`` clients of variant ``v``; variants without replies are absent.  The
-        mean tensors belong to this call (fresh, aliasing neither a reply nor the state): a
-        method may reuse them in place.
+        ``means[v]``: the example-weighted mean of the ``counts[v]`` replies of variant ``v`` (absent
+        without replies), fresh tensors (aliasing no reply nor the state) a method may reuse in place.
         """
         raise NotImplementedError
 
@@ -656,14 +641,8 @@ class HeterogeneousStrategy(Strategy):
         """Example-weighted loss/accuracy per variant (``local inference``)."""
         server_round = self.global_round(server_round)
         report = self.report(server_round)
-        sent = by_message_id(self._sent_eval)
-        results: list[tuple[str, int, float, float]] = []
-        seen: list[tuple[str, int]] = []
-        for reply in replies:
-            seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
-            rec = match_reply(reply, sent, report, "evaluate")
-            if rec is None:
-                continue
+        results: list[Evaluated] = []
+        for reply, rec in matched_replies(replies, by_message_id(self._sent_eval), report, "evaluate"):
             try:
                 n, loss, acc = validate_evaluate_reply(
                     reply.content, variant=rec.variant, server_round=server_round, max_examples=self.max_examples
@@ -671,13 +650,21 @@ class HeterogeneousStrategy(Strategy):
             except ReplyRejected as exc:
                 report.reject(f"node {rec.node_id} ({rec.variant}): {exc}", "evaluate")
                 continue
-            results.append((rec.variant, n, loss, acc))
-        report_missing(sent, seen, report, "evaluate")
+            results.append(Evaluated(rec, n, loss, acc))
         out = MetricRecord()
-        for variant, (loss, acc) in evaluation_means(results).items():
+        means = evaluation_means((e.sent.variant, e.num_examples, e.loss, e.accuracy) for e in results)
+        for variant, (loss, acc) in means.items():
             out[f"{variant}/fed-loss"], out[f"{variant}/fed-accuracy"] = loss, acc
             report.group(variant).update({"fed-loss": loss, "fed-accuracy": acc})
+        self.summarize_evaluation(server_round, results, out)
         return out
+
+    def summarize_evaluation(self, server_round: int, results: Sequence[Evaluated], out: MetricRecord) -> None:
+        """Add method metrics of the round's accepted evaluation replies to the report and ``out``.
+
+        Runs at the end of ``aggregate_evaluate``, after the example-weighted ``fed-loss`` and
+        ``fed-accuracy`` per variant. Default: nothing; pFedKnow adds its per-client accuracies.
+        """
 
     def summary(self) -> None:
         """Log the catalog and sampling settings."""

@@ -13,8 +13,9 @@ from typing import Any, Unpack
 from torch import Tensor
 
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, StrategyOptions
-from strategies.replies import Sent
+from strategies.base import HeterogeneousStrategy
+from strategies.options import StrategyOptions
+from strategies.replies import Accepted, Sent
 from strategies.streaming import StreamingMean
 
 
@@ -85,11 +86,9 @@ class LocalTraining(PerNodeModels):
 
     supports_median = False  # nothing is aggregated
 
-    def fold_reply(
-        self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
-    ) -> None:
+    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
         """Store the node's returned weights as its model."""
-        self.keep_node_model(sent, tensors)
+        self.keep_node_model(entry.sent, tensors)
 
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]

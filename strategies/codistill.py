@@ -63,9 +63,10 @@ from torch import Tensor, nn
 
 from models.batches import Batch
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, StrategyOptions
+from strategies.base import HeterogeneousStrategy
 from strategies.distillation import DistillationConfigError, distill, sample_batches
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
+from strategies.options import StrategyOptions
 
 Params = dict[str, Tensor]
 Mode = Literal["periodic", "merged", "fedavg"]

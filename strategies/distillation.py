@@ -3,7 +3,9 @@ r"""Server-side training loops shared by the methods that train on the server.
 Co-distillation (seed 003, Appendix C.4) distills the pools' models into each other on unlabeled
 data (:func:`distill` with :func:`distillation_target` / :func:`distillation_loss`); pFedKnow
 (seed 002, Algorithm 1) trains its teacher and initial model on the server's labeled set
-``D_s`` (:func:`train_on_labeled`) and distills with frozen logits (:func:`logits_on`).  Both draw
+``D_s`` (:func:`train_on_labeled`) and distills each client's personalized model from its
+helpers' and the teacher's frozen logits (:func:`logits_on`, :func:`collaborative_distill` with
+:func:`collaborative_loss`).  Both draw
 their batches in seeded epochs (:func:`sample_batches`, :func:`index_batches`).
 
 The math is pure functions tested on exact numbers (``tests/test_codist_math.py``); the loops
@@ -84,6 +86,45 @@ def distillation_loss(z_student: Tensor, target: Tensor, temperature: float) -> 
     """
     log_p = torch.log_softmax(z_student / temperature, dim=-1)
     return F.kl_div(log_p, target, reduction="batchmean")
+
+
+def collaborative_loss(
+    z_leader: Tensor,
+    labels: Tensor,
+    helper_logits: Sequence[Tensor],
+    betas: Sequence[float],
+    teacher_logits: Tensor | None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, dict[str, float]]:
+    r"""The collaborative distillation loss of pFedKnow's server (eq. 3.7) on one labeled batch.
+
+    ``L = CE(z_k, y) + KL(softmax(sum_j beta_j z_j / T) || softmax(z_k / T))``
+    ``+ KL(softmax(z_p / T) || softmax(z_k / T))``, KL averaged over the batch
+    (:func:`distillation_loss`).  The helper term is omitted
+    without helpers, the teacher term without ``teacher_logits``.
+
+    Returns
+    -------
+    tuple[Tensor, dict[str, float]]
+        The loss (differentiable in ``z_leader``) and its terms ``ce``, ``kl-helpers``,
+        ``kl-teacher`` (0.0 when omitted).
+
+    """
+    if len(helper_logits) != len(betas):
+        raise ValueError(f"{len(helper_logits)} helper logits but {len(betas)} weights")
+    ce = F.cross_entropy(z_leader, labels)
+    terms = {"ce": float(ce.detach()), "kl-helpers": 0.0, "kl-teacher": 0.0}
+    loss = ce
+    if helper_logits:
+        z_avg = sum((b * z for b, z in zip(betas, helper_logits, strict=True)), torch.zeros_like(z_leader))
+        kl_h = distillation_loss(z_leader, tempered_softmax(z_avg, temperature), temperature)
+        terms["kl-helpers"] = float(kl_h.detach())
+        loss = loss + kl_h
+    if teacher_logits is not None:
+        kl_p = distillation_loss(z_leader, tempered_softmax(teacher_logits, temperature), temperature)
+        terms["kl-teacher"] = float(kl_p.detach())
+        loss = loss + kl_p
+    return loss, terms
 
 
 # --- loops -------------------------------------------------------------------------------------
@@ -263,3 +304,40 @@ def logits_on(model: nn.Module, batches: Sequence[Batch]) -> list[Tensor]:
     """Frozen logits of ``model`` (eval mode) on every batch."""
     model.eval()
     return [model_logits(model, xb) for xb in batches]
+
+
+def collaborative_distill(
+    leader: nn.Module,
+    masks: Mapping[str, Tensor],
+    batches: Sequence[tuple[Batch, Tensor]],
+    helper_logits: Sequence[Sequence[Tensor]],
+    betas: Sequence[float],
+    teacher_logits: Sequence[Tensor] | None,
+    *,
+    lr: float,
+    temperature: float,
+) -> list[dict[str, float]]:
+    """One Adam step of :func:`collaborative_loss` per labeled batch on ``leader`` (in place, mask kept).
+
+    ``helper_logits[j][s]`` are helper ``j``'s logits on batch ``s``, ``teacher_logits[s]``
+    the teacher's.  Returns every step's loss terms (``loss`` included).
+    """
+    leader.train()
+    apply_masks(leader, masks)
+    opt = torch.optim.Adam([p for p in leader.parameters() if p.requires_grad], lr=lr)
+    out = []
+    for s, (xb, yb) in enumerate(batches):
+        loss, terms = collaborative_loss(
+            model_logits(leader, xb),
+            yb,
+            [h[s] for h in helper_logits],
+            betas,
+            None if teacher_logits is None else teacher_logits[s],
+            temperature,
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        apply_masks(leader, masks)
+        out.append({**terms, "loss": float(loss.detach())})
+    return out

@@ -66,9 +66,10 @@ from torch import Tensor
 
 from models.architectures import ArchLayer, LayerSignature
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, StrategyOptions
+from strategies.base import HeterogeneousStrategy
 from strategies.baselines import PerNodeModels
-from strategies.replies import Sent
+from strategies.options import StrategyOptions
+from strategies.replies import Accepted
 from strategies.streaming import StreamingMean
 
 Mode = Literal["basic", "clustered", "max", "clustered-fl", "standalone"]
@@ -540,13 +541,11 @@ class FlexiFed(PerNodeModels):
         """Drop the round's architecture sums."""
         self._acc = FlexiFedAccumulator(uniform=self.uniform)
 
-    def fold_reply(
-        self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
-    ) -> None:
+    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
         """Fold the reply into its architecture's sums (and keep it as the node's model)."""
         if self.keeps_client_models:
-            self.keep_node_model(sent, tensors)
-        self._acc.add(sent.node_id, sent.variant, tensors, num_examples)
+            self.keep_node_model(entry.sent, tensors)
+        self._acc.add(entry.sent.node_id, entry.sent.variant, tensors, entry.num_examples)
 
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]

@@ -187,22 +187,6 @@ class HeldArrays:
             hit = self._bundles[key] = ([a for _, a in parts], *bundle_arrays(dict(parts)))
         return hit[1], ConfigRecord(dict(hit[2]))
 
-    def replace_arrays(self, node_id: int, content: RecordDict, arrays: ArrayRecord) -> None:
-        """Make ``arrays`` the :data:`ARRAYS` record of ``content``, a message to ``node_id`` built before.
-
-        The records :meth:`prepare` added for the old arrays are replaced by those for ``arrays``
-        (a strategy that re-encodes a built message, :meth:`strategies.pfedknow.PFedKnow.encode_messages`).
-        """
-        old = content.get(ARRAYS)
-        if isinstance(old, ArrayRecord):
-            self._left_out.pop(id(old), None)
-        for key in (HELD, CACHE, ORDER, BUNDLE):
-            if key in content:
-                del content[key]
-        content[ARRAYS] = arrays
-        for key, record in self.prepare(node_id, arrays).items():
-            content[key] = record
-
     def received(self, reply: Message) -> None:
         """Record what the reply's node says it holds; unbundle its arrays (both records removed, in place).
 

@@ -10,8 +10,9 @@ train (:class:`NothingToTrain`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from logging import WARNING
+from logging import INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
@@ -122,3 +123,22 @@ def unchosen_variant_warnings(
             "in simulation tier-memory-mb='auto' gives each tier its own variant"
         )
     return out
+
+
+def wait_for_nodes(grid: Grid, minimum: int) -> list[int]:
+    """The connected nodes, once at least ``minimum`` are (polled every second, logged every 30 s)."""
+    waited = 0
+    while len(nodes := list(grid.get_node_ids())) < minimum:
+        if waited % 30 == 0:
+            log(INFO, "Waiting for nodes: %d connected, %d required", len(nodes), minimum)
+        time.sleep(1)
+        waited += 1
+    return nodes
+
+
+def log_profile(node: int, profile: NodeProfile) -> None:
+    """One line per answered query: the node's tier and variant, or why it declined."""
+    if profile.variant is None:
+        log(WARNING, "node %s (tier %s) declined: %s", node, profile.tier, profile.reason)
+    else:
+        log(INFO, "node %s: tier %s, %.0f MiB -> %s", node, profile.tier, profile.memory_mb, profile.variant)

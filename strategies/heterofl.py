@@ -48,10 +48,11 @@ import torch
 from torch import Tensor
 
 from models.catalog import Variant, VariantCatalog
-from strategies.base import HeterogeneousStrategy, StrategyOptions
+from strategies.base import HeterogeneousStrategy
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
+from strategies.options import StrategyOptions
 from strategies.records import State
-from strategies.replies import Sent
+from strategies.replies import Accepted
 from strategies.streaming import StreamingMean
 from strategies.validation import non_finite_reason
 
@@ -550,11 +551,9 @@ class HeteroFL(HeterogeneousStrategy):
         """The sub-model of ``variant`` cut from the global model."""
         return extract_with_indices(self.state[self.GLOBAL], self.rules, self.index_sets(variant))
 
-    def fold_reply(
-        self, sent: Sent, tensors: Mapping[str, Tensor], num_examples: int, means: dict[str, StreamingMean]
-    ) -> None:
+    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
         """Scatter the reply into the coverage sums."""
-        self._scatter(sent.variant, tensors, float(num_examples) if self.weighting == "examples" else 1.0)
+        self._scatter(entry.sent.variant, tensors, float(entry.num_examples) if self.weighting == "examples" else 1.0)
 
     def folds_rebuildable(self) -> bool:
         """The coverage sums are the round's own: dropped by :meth:`reset_folds`."""

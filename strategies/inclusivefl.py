@@ -42,8 +42,9 @@ from flwr.common import log
 from torch import Tensor
 
 from models.catalog import VariantCatalog
-from strategies.base import HeterogeneousStrategy, StrategyOptions
+from strategies.base import HeterogeneousStrategy
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
+from strategies.options import StrategyOptions
 
 _LAYER = re.compile(r"^(.*\.layer\.)(\d+)\.(.+)$")
 

@@ -36,7 +36,8 @@ teacher frozen, computed once per round: every leader is distilled from the uplo
 came, "in parallel"), ``sigma`` the softmax.  ``w_s^k`` starts from the upload ``w_c^k`` and
 keeps its mask (masked weights are re-zeroed after every Adam step).
 
-Ablations (Section 4.4, Table 3), all :class:`PFedKnowMode` values of :data:`MODES`:
+Ablations (Section 4.4, Table 3), all :class:`~strategies.pfedknow_modes.PFedKnowMode` values of
+:data:`strategies.pfedknow_modes.MODES`:
 
 * ``pfedknow-as1`` (Semi-FedAvg): no pruning, no pretrained model; example-weighted FedAvg of
   the dense uploads, then CE fine-tuning on ``D_s``; one global model for everyone.
@@ -64,22 +65,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any, Unpack
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, MessageType, MetricRecord, RecordDict
+from flwr.app.typing import ConfigRecordValues
 from flwr.common import log
-from flwr.serverapp import Grid
 from torch import Tensor, nn
 
 from experiment.protocol import (
     ARRAYS,
-    CONFIG,
     KEPT_WEIGHTS,
     METRICS,
     PRUNE_RATIO,
@@ -89,20 +88,18 @@ from experiment.protocol import (
     record_of,
     validate_echo,
 )
-from models.batches import Batch, batch_size_of, model_logits, take_rows
+from models.batches import Batch, batch_size_of, take_rows
 from models.catalog import VariantCatalog
-from models.pruning import PRUNING, UNCERTAINTY, apply_masks, kept_fraction, progressive_ratio
+from models.pruning import kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
-from strategies.base import HeterogeneousStrategy, StrategyOptions, StrategyStateError
-from strategies.distillation import distillation_loss, index_batches, logits_on, tempered_softmax, train_on_labeled
-from strategies.records import compose, record_nbytes, to_record
-from strategies.replies import Sent, by_message_id, match_reply
-from strategies.validation import (
-    ReplyRejected,
-    validate_evaluate_reply,
-    validate_examples_claim,
-    validate_num_examples,
-)
+from strategies.base import HeterogeneousStrategy, StrategyStateError
+from strategies.distillation import collaborative_distill, index_batches, logits_on, train_on_labeled
+from strategies.options import StrategyOptions
+from strategies.pfedknow_modes import PFedKnowMode, PFedKnowSettings
+from strategies.records import record_nbytes, to_record
+from strategies.replies import Accepted, Evaluated, Sent
+from strategies.streaming import StreamingMean
+from strategies.validation import ReplyRejected, validate_num_examples
 
 Params = dict[str, Tensor]
 Masks = dict[str, Tensor]
@@ -150,45 +147,6 @@ def helper_weights(masks: Mapping[str, Mapping[str, Tensor]], leader: str) -> di
     return {j: c / total for j, c in cos.items()}
 
 
-def collaborative_loss(
-    z_leader: Tensor,
-    labels: Tensor,
-    helper_logits: Sequence[Tensor],
-    betas: Sequence[float],
-    teacher_logits: Tensor | None,
-    temperature: float = 1.0,
-) -> tuple[Tensor, dict[str, float]]:
-    r"""The collaborative distillation loss of pFedKnow's server (eq. 3.7) on one labeled batch.
-
-    ``L = CE(z_k, y) + KL(softmax(sum_j beta_j z_j / T) || softmax(z_k / T))``
-    ``+ KL(softmax(z_p / T) || softmax(z_k / T))``, KL averaged over the batch
-    (:func:`strategies.distillation.distillation_loss`).  The helper term is omitted
-    without helpers, the teacher term without ``teacher_logits``.
-
-    Returns
-    -------
-    tuple[Tensor, dict[str, float]]
-        The loss (differentiable in ``z_leader``) and its terms ``ce``, ``kl-helpers``,
-        ``kl-teacher`` (0.0 when omitted).
-
-    """
-    if len(helper_logits) != len(betas):
-        raise ValueError(f"{len(helper_logits)} helper logits but {len(betas)} weights")
-    ce = F.cross_entropy(z_leader, labels)
-    terms = {"ce": float(ce.detach()), "kl-helpers": 0.0, "kl-teacher": 0.0}
-    loss = ce
-    if helper_logits:
-        z_avg = sum((b * z for b, z in zip(betas, helper_logits, strict=True)), torch.zeros_like(z_leader))
-        kl_h = distillation_loss(z_leader, tempered_softmax(z_avg, temperature), temperature)
-        terms["kl-helpers"] = float(kl_h.detach())
-        loss = loss + kl_h
-    if teacher_logits is not None:
-        kl_p = distillation_loss(z_leader, tempered_softmax(teacher_logits, temperature), temperature)
-        terms["kl-teacher"] = float(kl_p.detach())
-        loss = loss + kl_p
-    return loss, terms
-
-
 def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:
     r"""``sum_j n_j w_j / sum_j n_j`` per tensor (pruned weights count as 0: AS-2's zero filling)."""
     if not models or len(models) != len(weights):
@@ -200,9 +158,6 @@ def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[f
         k: sum((w * m[k] for m, w in zip(models, weights, strict=True)), torch.zeros_like(models[0][k])) / total
         for k in models[0]
     }
-
-
-# --- server training loops ----------------------------------------------------------------------
 
 
 def personalization_split(accuracies: Mapping[str, float], personalized: Set[str]) -> dict[str, float]:
@@ -237,140 +192,6 @@ def personalization_split(accuracies: Mapping[str, float], personalized: Set[str
     if initial:
         out["fed-accuracy-initial"] = sum(initial) / len(initial)
     return out
-
-
-def collaborative_distill(
-    leader: nn.Module,
-    masks: Mapping[str, Tensor],
-    batches: Sequence[tuple[Batch, Tensor]],
-    helper_logits: Sequence[Sequence[Tensor]],
-    betas: Sequence[float],
-    teacher_logits: Sequence[Tensor] | None,
-    *,
-    lr: float,
-    temperature: float,
-) -> list[dict[str, float]]:
-    """One Adam step of :func:`collaborative_loss` per labeled batch on ``leader`` (in place, mask kept).
-
-    ``helper_logits[j][s]`` are helper ``j``'s logits on batch ``s``, ``teacher_logits[s]``
-    the teacher's.  Returns every step's loss terms (``loss`` included).
-    """
-    leader.train()
-    apply_masks(leader, masks)
-    opt = torch.optim.Adam([p for p in leader.parameters() if p.requires_grad], lr=lr)
-    out = []
-    for s, (xb, yb) in enumerate(batches):
-        loss, terms = collaborative_loss(
-            model_logits(leader, xb),
-            yb,
-            [h[s] for h in helper_logits],
-            betas,
-            None if teacher_logits is None else teacher_logits[s],
-            temperature,
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        apply_masks(leader, masks)
-        out.append({**terms, "loss": float(loss.detach())})
-    return out
-
-
-# --- modes --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PFedKnowMode:
-    """What a method variant uses.
-
-    Attributes
-    ----------
-    prune : bool
-        Clients prune progressively and upload sparse.
-    teacher : bool
-        The pretrained teacher is used (initialization KD and the ``KL(z_p || z_k)`` term).
-    aggregation : {"collaborative", "fedavg", "zero-average"}
-        Per-leader collaborative distillation (personalized), FedAvg + CE fine-tuning on
-        ``D_s`` (one global model), or the zero-filled average restricted to each client's mask.
-    uncertainty : {"evidential", "softmax"}
-        The clients' pseudo-label filter.
-    pruning : {"slimming", "magnitude"}
-        How clients prune (when ``prune``): network slimming (CNNs) or unstructured magnitude
-        pruning (transformers).
-
-    """
-
-    prune: bool = True
-    teacher: bool = True
-    aggregation: str = "collaborative"
-    uncertainty: str = "evidential"
-    pruning: str = "slimming"
-
-    def __post_init__(self) -> None:
-        if self.aggregation not in ("collaborative", "fedavg", "zero-average"):
-            raise ValueError(f"unknown aggregation {self.aggregation!r}")
-        if self.uncertainty not in UNCERTAINTY:
-            raise ValueError(f"uncertainty must be one of {tuple(UNCERTAINTY)}, got {self.uncertainty!r}")
-        if self.pruning not in PRUNING:
-            raise ValueError(f"pruning must be one of {PRUNING}, got {self.pruning!r}")
-
-
-MODES: dict[str, PFedKnowMode] = {
-    "pfedknow": PFedKnowMode(),
-    "pfedknow-as1": PFedKnowMode(prune=False, teacher=False, aggregation="fedavg"),
-    "pfedknow-as2": PFedKnowMode(prune=True, teacher=False, aggregation="zero-average"),
-    "pfedknow-as3": PFedKnowMode(teacher=False),
-    "pfedknow-as4": PFedKnowMode(prune=False),
-    "semifl": PFedKnowMode(prune=False, teacher=False, aggregation="fedavg", uncertainty="softmax"),
-}
-
-
-def text_mode(mode: PFedKnowMode) -> PFedKnowMode:
-    """The text version of a mode: ``1 - max softmax`` uncertainty, magnitude pruning (seed 002, Section 3.2)."""
-    return replace(mode, uncertainty="softmax", pruning="magnitude")
-
-
-@dataclass(frozen=True)
-class PFedKnowSettings:
-    """The numeric settings of pFedKnow's server (run config keys in parentheses).
-
-    Attributes
-    ----------
-    target_ratio, ramp_rounds : float, int
-        Pruning ratio reached in round ``ramp_rounds`` (``pfedknow-prune-ratio``,
-        ``pfedknow-prune-rounds``; :func:`models.pruning.progressive_ratio`): the share of
-        channels (slimming) or of the prunable weights (magnitude) removed.
-    delta : float
-        Uncertainty threshold sent to clients (``pfedknow-delta``; SemiFL: ``1 - semifl-confidence``).
-    l1 : float
-        Network slimming's L1 weight on batch-norm scales (``pfedknow-l1``; unused by magnitude pruning).
-    distill_steps, distill_lr, distill_batch_size, temperature
-        Server collaborative distillation (and fine-tuning) Adam steps per leader, learning
-        rate, labeled batch size, softmax temperature (``distill-*``).
-    teacher_steps, init_steps : int
-        Adam steps training the teacher and the initial ``w_s'`` on ``D_s``.
-    init_lr : float
-        Their Adam learning rate (``pfedknow-init-lr``).
-
-    """
-
-    target_ratio: float = 0.2
-    ramp_rounds: int = 3
-    delta: float = 0.7
-    l1: float = 1e-4
-    distill_steps: int = 20
-    distill_lr: float = 1e-3
-    distill_batch_size: int = 64
-    temperature: float = 1.0
-    teacher_steps: int = 300
-    init_steps: int = 200
-    init_lr: float = 1e-3
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.target_ratio < 1.0:
-            raise ValueError(f"target_ratio must be in [0, 1), got {self.target_ratio}")
-        if self.ramp_rounds < 1:
-            raise ValueError(f"ramp_rounds must be >= 1, got {self.ramp_rounds}")
 
 
 @dataclass
@@ -434,6 +255,11 @@ class PFedKnow(HeterogeneousStrategy):
         if n == 0 or n != y.shape[0]:
             raise ValueError(f"labeled set needs matching, non-empty inputs and labels, got {n}/{y.shape[0]}")
         super().__init__(catalog=catalog, **options)
+        if self.clip_bounds:
+            raise ValueError(
+                "pFedKnow's uploads are sparse with per-client masks: clipping their update would revive pruned "
+                "weights; leave clip-update-norm at 0"
+            )
         seed = options.get("seed", 0)
         self.variant = catalog.largest.name
         self.mode = mode
@@ -459,6 +285,8 @@ class PFedKnow(HeterogeneousStrategy):
         self.teacher_state: Params | None = None
         self.personal: dict[str, Params] = {}
         self.masks: dict[str, Masks] = {}
+        #: this round's accepted uploads, kept by :meth:`fold_reply` for :meth:`apply_round`
+        self._uploads: list[Upload] = []
 
     # ---------------------------------------------------------------- models
     def _model(self, params: Mapping[str, Tensor]) -> nn.Module:
@@ -557,52 +385,45 @@ class PFedKnow(HeterogeneousStrategy):
         return progressive_ratio(server_round, self.target_ratio, self.ramp_rounds)
 
     # ------------------------------------------------------------------ train
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Initialize once, then send every sampled client its model as a sparse payload."""
-        self._sync_state(arrays)
-        r = self.global_round(server_round)
+    def prepare_round(self, server_round: int) -> None:
+        """Before round 1: train the teacher and ``w_s'`` on ``D_s``; every round: report its pruning ratio."""
         if not self.initialized:
-            self.initialize(r)
-            self._record = compose(self.state)
-        if self._record is None:
-            raise StrategyStateError("pFedKnow has no composed model state to send")
-        msgs = list(super().configure_train(server_round, self._record, config, grid))
-        self.encode_messages(r)
-        return msgs
+            self.initialize(server_round)
+            self._compose_state()
+        self.report(server_round).group(self.variant)[PRUNE_RATIO] = self.prune_ratio(server_round)
 
-    def encode_messages(self, server_round: int) -> None:
-        """Re-encode this round's training messages: sparse model + mask, the client's settings in the config.
+    def pruning_instruction(self, server_round: int) -> PruningInstruction:
+        """What a training message tells the client: ratio, threshold, uncertainty, pruning, L1."""
+        return PruningInstruction(
+            self.prune_ratio(server_round), self.delta, self.mode.uncertainty, self.mode.pruning, self.l1
+        )
 
-        ``bytes-down`` is corrected to the sparse payload, and recorded per client.
+    def encode_payload(
+        self, node_id: int, variant: str, kind: str, server_round: int
+    ) -> tuple[ArrayRecord, dict[str, ConfigRecordValues]]:
+        """A training message carries the client's model sparse (values and mask) and the pruning instruction."""
+        if kind != MessageType.TRAIN:
+            return super().encode_payload(node_id, variant, kind, server_round)
+        payload = to_wire(self.variant_payload(node_id, variant), self.client_masks(self.node_key(node_id)))
+        record = ArrayRecord({k: Array(v) for k, v in payload.items()})
+        return record, self.pruning_instruction(server_round).to_config()
+
+    def summarize_messages(self, server_round: int, kind: str, sent: Mapping[str, Sent]) -> None:
+        """Per client the bytes of its training message (``bytes-down:<key>``)."""
+        if kind == MessageType.TRAIN:
+            group = self.report(server_round).group(self.variant)
+            for rec in sent.values():
+                group[f"bytes-down:{self.node_key(rec.node_id)}"] = float(rec.nbytes)
+
+    def decode_reply(self, sent: Sent, content: RecordDict, server_round: int, *, check_finite: bool) -> Accepted:
+        """A sparse upload: the surviving trainable weights and their masks, which revive no pruned weight.
+
+        The sparse decoder checks every value's finiteness itself (:func:`models.sparse.from_wire`).
         """
-        report = self.report(server_round)
-        ratio = self.prune_ratio(server_round)
-        instruction = PruningInstruction(ratio, self.delta, self.mode.uncertainty, self.mode.pruning, self.l1)
-        for s in self._sent_train.values():
-            key = self.node_key(s.node_id)
-            payload = to_wire(self.variant_payload(s.node_id, s.variant), self.client_masks(key))
-            record = ArrayRecord({k: Array(v) for k, v in payload.items()})
-            content = s.message.content
-            self.held.replace_arrays(s.node_id, content, record)  # what the node holds is left out
-            nbytes = record_nbytes(record)
-            cfg = record_of(content, CONFIG, ConfigRecord)
-            for k, v in instruction.to_config().items():
-                cfg[k] = v
-            report.add(s.variant, "bytes-down", nbytes - s.nbytes)
-            report.group(s.variant)[f"bytes-down:{key}"] = float(nbytes)
-            s.nbytes = nbytes
-        report.group(self.variant)[PRUNE_RATIO] = ratio
-
-    def _validate(self, rec: Sent, reply: Message, server_round: int) -> tuple[Upload, int, MetricRecord]:
-        content = reply.content
-        validate_echo(content, variant=rec.variant, server_round=server_round)
+        validate_echo(content, variant=sent.variant, server_round=server_round)
         metrics = record_of(content, METRICS, MetricRecord, error=ReplyRejected)
         n = validate_num_examples(metrics, max_examples=self.max_examples)
-        profile = self.profiles.get(rec.node_id)
-        if profile is not None:
-            validate_examples_claim(n, profile.num_examples)
+        self.check_examples_claim(sent, n)
         arrays = record_of(content, ARRAYS, ArrayRecord, error=ReplyRejected)
         try:
             payload = {k: np.asarray(a.numpy()) for k, a in arrays.items()}
@@ -612,50 +433,37 @@ class PFedKnow(HeterogeneousStrategy):
             params, masks = from_wire(payload, self.upload_shapes)
         except SparsePayloadError as exc:
             raise ReplyRejected(f"sparse payload: {exc}") from exc
-        key = self.node_key(rec.node_id)
-        sent_masks = self.client_masks(key)
+        sent_masks = self.client_masks(self.node_key(sent.node_id))
         revived = [k for k, m in masks.items() if bool((m & ~sent_masks[k]).any())]
         if revived:
             raise ReplyRejected(f"mask revives weights pruned before in {revived[:3]}")
-        return Upload(key, rec.node_id, params, masks, n), record_nbytes(arrays), metrics
+        return Accepted(sent, params, n, metrics, record_nbytes(arrays), masks=masks)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate sparse uploads, then distill every leader (or average, for the ablations)."""
-        server_round = self.global_round(server_round)
-        report = self.report(server_round)
-        group = report.group(self.variant)
-        sent = by_message_id(self._sent_train)
-        uploads: list[Upload] = []
-        client_stats: dict[str, list[float]] = {}
-        for reply in replies:
-            rec = match_reply(reply, sent, report, "train")
-            if rec is None:
-                continue
-            try:
-                up, nbytes, metrics = self._validate(rec, reply, server_round)
-                fingerprint = self.replays.check(up.params, server_round)
-            except ReplyRejected as exc:
-                report.reject(f"node {rec.node_id} ({rec.variant}): {exc}")
-                continue
-            self.replays.accept(fingerprint, server_round)
-            uploads.append(up)
-            dense = record_nbytes(to_record(up.params))
-            report.add(self.variant, "clients", 1)
-            report.add(self.variant, "examples", up.num_examples)
-            report.add(self.variant, "bytes-up", nbytes)
-            report.add(self.variant, "bytes-up-dense", dense)
-            report.add(self.variant, "payload-bytes-up", payload_nbytes(encode_payload(up.params, up.masks)))
-            report.add(self.variant, "payload-bytes-up-dense", 4 * sum(t.numel() for t in up.params.values()))
-            group[f"bytes-up:{up.key}"] = float(nbytes)
-            client_stats.setdefault(KEPT_WEIGHTS, []).append(kept_fraction(up.masks))
-            for k in (PSEUDO_KEPT, TRAIN_LOSS):
-                v = metrics.get(k)
-                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                    client_stats.setdefault(k, []).append(float(v))
-        for k, vals in client_stats.items():
-            group[k] = sum(vals) / len(vals)
+    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
+        """Keep the upload: the server step needs every upload with its mask (:meth:`apply_round`)."""
+        if entry.masks is None:
+            raise StrategyStateError(f"node {entry.sent.node_id}'s upload was not decoded with its masks")
+        key = self.node_key(entry.sent.node_id)
+        self._uploads.append(Upload(key, entry.sent.node_id, dict(tensors), dict(entry.masks), entry.num_examples))
+
+    def reset_folds(self) -> None:
+        """Drop the round's kept uploads."""
+        self._uploads = []
+
+    def apply_round(
+        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
+    ) -> None:
+        """Report what the uploads would have cost dense, then distill every leader (or average, for the ablations)."""
+        uploads, self._uploads = self._uploads, []
+        group = self.report(server_round).group(self.variant)
+        for up in uploads:
+            group["bytes-up-dense"] = group.get("bytes-up-dense", 0.0) + record_nbytes(to_record(up.params))
+            group["payload-bytes-up"] = group.get("payload-bytes-up", 0.0) + payload_nbytes(
+                encode_payload(up.params, up.masks)
+            )
+            group["payload-bytes-up-dense"] = group.get("payload-bytes-up-dense", 0.0) + 4 * sum(
+                t.numel() for t in up.params.values()
+            )
         if group.get("bytes-up-dense", 0.0) > 0:
             group["upload-saving"] = 1.0 - group["bytes-up"] / group["bytes-up-dense"]
             group["payload-saving"] = 1.0 - group["payload-bytes-up"] / group["payload-bytes-up-dense"]
@@ -663,8 +471,22 @@ class PFedKnow(HeterogeneousStrategy):
         if uploads:
             self.server_update(server_round, uploads)
         group["server-seconds"] = time.perf_counter() - t0
-        self._record = compose(self.state)
-        out = MetricRecord({f"{self.variant}/clients": len(uploads)})
+
+    def summarize_replies(self, server_round: int, accepted: Sequence[Accepted]) -> MetricRecord:
+        """Per client its bytes up; unweighted means over clients of kept weights, pseudo-labels, loss."""
+        group = self.report(server_round).group(self.variant)
+        client_stats: dict[str, list[float]] = {}
+        for entry in accepted:
+            group[f"bytes-up:{self.node_key(entry.sent.node_id)}"] = float(entry.nbytes)
+            if entry.masks is not None:
+                client_stats.setdefault(KEPT_WEIGHTS, []).append(kept_fraction(entry.masks))
+            for k in (PSEUDO_KEPT, TRAIN_LOSS):
+                v = entry.metrics.get(k)
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                    client_stats.setdefault(k, []).append(float(v))
+        for k, vals in client_stats.items():
+            group[k] = sum(vals) / len(vals)
+        out = MetricRecord()
         for k in ("upload-saving", KEPT_WEIGHTS, PSEUDO_KEPT):
             if k in group:
                 out[f"{self.variant}/{k}"] = group[k]
@@ -672,10 +494,10 @@ class PFedKnow(HeterogeneousStrategy):
             INFO,
             "pFedKnow round %d: %d uploads, upload saving %.3f",
             server_round,
-            len(uploads),
+            len(accepted),
             group.get("upload-saving", float("nan")),
         )
-        return self._record, out
+        return out
 
     def labeled_batches(self, server_round: int) -> list[tuple[Batch, Tensor]]:
         """This round's ``D_s`` batches (seeded by the round; the same for every leader)."""
@@ -744,35 +566,20 @@ class PFedKnow(HeterogeneousStrategy):
         self.state = {self.variant: glob}
 
     # --------------------------------------------------------------- evaluate
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The base's example-weighted metrics plus ``fed-accuracy-mean`` over clients (unweighted)."""
-        replies = list(replies)
-        out = super().aggregate_evaluate(server_round, replies) or MetricRecord()
-        r = self.global_round(server_round)
-        sent = by_message_id(self._sent_eval)
-        accs: list[float] = []
+    def summarize_evaluation(self, server_round: int, results: Sequence[Evaluated], out: MetricRecord) -> None:
+        """Per client its accuracy, ``fed-accuracy-mean`` over clients (unweighted), split by personalization."""
+        group = self.report(server_round).group(self.variant)
         by_key: dict[str, float] = {}
-        group = self.report(r).group(self.variant)
-        for reply in replies:
-            rec = sent.get(reply.metadata.reply_to_message_id)
-            if rec is None or reply.has_error() or reply.metadata.src_node_id != rec.node_id:
-                continue
-            try:
-                _, _, acc = validate_evaluate_reply(
-                    reply.content, variant=rec.variant, server_round=r, max_examples=self.max_examples
-                )
-            except ReplyRejected:
-                continue
-            accs.append(acc)
-            by_key[self.node_key(rec.node_id)] = acc
-            group[f"fed-accuracy:{self.node_key(rec.node_id)}"] = acc
-        if accs:
-            group["fed-accuracy-mean"] = sum(accs) / len(accs)
+        for e in results:
+            key = self.node_key(e.sent.node_id)
+            by_key[key] = e.accuracy
+            group[f"fed-accuracy:{key}"] = e.accuracy
+        if results:
+            group["fed-accuracy-mean"] = sum(e.accuracy for e in results) / len(results)
             out[f"{self.variant}/fed-accuracy-mean"] = group["fed-accuracy-mean"]
         if self.mode.aggregation != "fedavg":
             for name, value in personalization_split(by_key, self.personalized_keys()).items():
                 group[name] = value
-        return out
 
     def personalized_keys(self) -> set[str]:
         """Clients whose evaluated model is their own (they uploaded at least once), not ``w_s'``."""

@@ -13,7 +13,7 @@ every node that was sent a message and not heard from.  Everything lands in the 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -61,13 +61,28 @@ class RoundReport:
 
 @dataclass(frozen=True)
 class Accepted:
-    """A validated training reply: its node, tensors (payload views), examples, metrics, bytes."""
+    """A validated training reply: its node, tensors (payload views), examples, metrics, bytes.
+
+    ``masks`` are the reply's sparsity masks (name -> boolean tensor, ``True`` = weight kept)
+    where the method's uploads are sparse (pFedKnow), else ``None``.
+    """
 
     sent: Sent
     tensors: Mapping[str, Tensor]
     num_examples: int
     metrics: MetricRecord
     nbytes: int
+    masks: Mapping[str, Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A validated evaluation reply: what it answers, its examples, loss and accuracy."""
+
+    sent: Sent
+    num_examples: int
+    loss: float
+    accuracy: float
 
 
 def variant_counts(sent: Mapping[str, Sent]) -> str:
@@ -109,6 +124,23 @@ def match_reply(reply: Message, sent: Mapping[str, Sent], report: RoundReport, w
         report.rejected.append(reason)
         return None
     return rec
+
+
+def matched_replies(
+    replies: Iterable[Message], sent: Mapping[str, Sent], report: RoundReport, what: str
+) -> Iterator[tuple[Message, Sent]]:
+    """Each usable reply with what it answers (``sent`` keyed by message id), in arrival order.
+
+    The unusable ones are reported as they come (:func:`match_reply`), the nodes not heard from
+    once ``replies`` is exhausted (:func:`report_missing`).
+    """
+    seen: list[tuple[str, int]] = []
+    for reply in replies:
+        seen.append((reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
+        rec = match_reply(reply, sent, report, what)
+        if rec is not None:
+            yield reply, rec
+    report_missing(sent, seen, report, what)
 
 
 def report_missing(sent: Mapping[str, Sent], seen: list[tuple[str, int]], report: RoundReport, what: str) -> None:

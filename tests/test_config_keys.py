@@ -10,8 +10,8 @@ import pytest
 
 from experiment import keys, registry
 from experiment.config import KEY_METHODS, RunConfig
-from strategies.pfedknow import MODES as PFEDKNOW_MODES
-from strategies.pfedknow import PFedKnowMode
+from strategies.pfedknow_modes import MODES as PFEDKNOW_MODES
+from strategies.pfedknow_modes import PFedKnowMode
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "CONFIG_KEYS.md"

@@ -393,20 +393,6 @@ def test_a_node_that_lost_its_copy_gets_the_message_again_in_the_same_round(
     assert len(strategy.held.holds) == 3  # kept again from the whole messages
 
 
-def test_replacing_a_built_messages_arrays_replaces_its_held_records() -> None:
-    held = HeldArrays(min_bytes=0)
-    emb, w, x = _array([1.0, 2.0]), _array([3.0]), _array([4.0])
-    held.holds[5] = {"emb": array_digest(emb)}
-    arrays = ArrayRecord({"emb": emb, "w": w})
-    content = RecordDict({ARRAYS: arrays, **held.prepare(5, arrays)})
-    assert list(arrays) == ["w"] and digests(content[HELD]) == {"emb": array_digest(emb)}  # type: ignore[arg-type]
-    assert ORDER in content
-    held.replace_arrays(5, content, ArrayRecord({"x": x}))  # a re-encoded payload (pFedKnow)
-    assert HELD not in content and ORDER not in content
-    assert digests(content[CACHE]) == {"x": array_digest(x)}  # type: ignore[arg-type]
-    assert list(content[ARRAYS]) == ["x"]  # type: ignore[arg-type]
-
-
 class SilentGrid:
     """Accepts every message, never answers."""
 

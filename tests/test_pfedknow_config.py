@@ -14,7 +14,8 @@ from experiment.registry import names
 from models.data import DataError, DataSpec, load_partition, load_splits, server_labeled_set, server_test_set
 from server.app import build_strategy
 from server.factories import pfedknow_labeled_set
-from strategies.pfedknow import MODES, PFedKnow
+from strategies.pfedknow import PFedKnow
+from strategies.pfedknow_modes import MODES
 
 #: pFedKnow, its ablations and the SemiFL-style baseline: the methods whose clients are unlabeled
 PFEDKNOW_METHODS = names(client="unlabeled-pruning")

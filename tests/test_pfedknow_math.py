@@ -33,7 +33,8 @@ from models.sparse import (
     to_wire,
     unpack_parts,
 )
-from strategies.pfedknow import collaborative_loss, helper_weights, personalization_split, weighted_average
+from strategies.distillation import collaborative_loss
+from strategies.pfedknow import helper_weights, personalization_split, weighted_average
 
 # --- uncertainty --------------------------------------------------------------------------------
 

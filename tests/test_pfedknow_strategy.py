@@ -15,7 +15,8 @@ from models.cnn import width_catalog
 from models.family import CNNFamily
 from models.sparse import index_dtype, pack_parts, unpack_parts
 from models.training import TrainSettings
-from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings
+from strategies.pfedknow import PFedKnow
+from strategies.pfedknow_modes import MODES, PFedKnowSettings
 from strategies.profiles import NodeProfile
 from strategies.records import record_nbytes, to_record
 from strategies.replies import Sent
@@ -67,11 +68,9 @@ def make(method: str = "pfedknow", **kw: object) -> PFedKnow:
 
 
 def send(s: PFedKnow, server_round: int, nodes: tuple[int, ...] = NODES) -> dict[int, Sent]:
-    """What configure_train does after sampling: per-node messages, sparse re-encoding."""
-    if not s.initialized:
-        s.initialize(server_round)
+    """What configure_train does: prepare the round (initialize once), then per-node sparse messages."""
+    s.prepare_round(server_round)
     s._sent_train = s._messages(list(nodes), server_round, ConfigRecord(), MessageType.TRAIN)
-    s.encode_messages(server_round)
     for i, rec in enumerate(s._sent_train.values()):
         rec.message.metadata.__dict__["_message_id"] = f"r{server_round}-m{i}"  # what push_messages fills in
     return {rec.node_id: rec for rec in s._sent_train.values()}
@@ -190,6 +189,22 @@ def test_examples_claim_beyond_handshake_is_rejected() -> None:
     rec = sent[NODES[0]]
     s.aggregate_train(1, [reply(rec, client_upload(rec, NODES[0], 1), num_examples=31, server_round=1)])
     assert len(s.report(1).rejected) == 1 and not s.personal
+
+
+def test_a_node_sent_a_model_and_never_heard_from_is_reported_failed() -> None:
+    s = make()
+    sent = send(s, 1)
+    answered = [reply(rec, client_upload(rec, n, 1), num_examples=30, server_round=1)
+                for n, rec in sent.items() if n != NODES[0]]  # fmt: skip
+    s.aggregate_train(1, answered)
+    failed = s.report(1).failed
+    assert len(failed) == 1 and failed[0].startswith(f"node {NODES[0]} ") and "round timeout" in failed[0]
+    assert s.report(1).groups["iot"]["clients"] == len(NODES) - 1
+
+
+def test_update_clipping_is_refused_it_would_revive_pruned_weights() -> None:
+    with pytest.raises(ValueError, match="clip-update-norm"):
+        make(clip_update_norm={"iot": 1.0})
 
 
 @pytest.mark.parametrize("method", ["pfedknow-as1", "semifl"])

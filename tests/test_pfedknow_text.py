@@ -23,7 +23,8 @@ from models.pruning import apply_masks, transformer_prunable
 from models.training import TrainSettings
 from models.transformer import WORD_EMBEDDINGS, TransformerSpec, build_model, depth_catalog, load_tokenizer
 from server.app import build_strategy
-from strategies.pfedknow import MODES, PFedKnow, PFedKnowSettings, take_rows, text_mode
+from strategies.pfedknow import PFedKnow, take_rows
+from strategies.pfedknow_modes import MODES, PFedKnowSettings, text_mode
 from strategies.profiles import NodeProfile
 from strategies.records import record_nbytes, to_record
 from strategies.replies import Sent

@@ -18,8 +18,8 @@ from strategies.codistill import CoDistillation
 from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL
 from strategies.inclusivefl import InclusiveFL
-from strategies.pfedknow import MODES as PFEDKNOW_MODES
 from strategies.pfedknow import PFedKnow
+from strategies.pfedknow_modes import MODES as PFEDKNOW_MODES
 from tests.test_pfedknow_config import BASE as PFEDKNOW_BASE
 
 ROOT = Path(__file__).resolve().parents[1]
