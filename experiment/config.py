@@ -22,7 +22,6 @@ from experiment.key_readers import (
     IMAGE_METHODS,
     METHODS_EXTRA,
     WIDTH_TIER_METHODS,
-    factory_name,
     methods_on,
     methods_where,
     readers,
@@ -324,7 +323,7 @@ class RunConfig(AllGroups):
         description="Clip each reply's update to this L2 norm before it is aggregated, against poisoned updates: "
         "one bound for every tier or one per tier (0 = off).",
         json_schema_extra=readers(
-            methods_where(lambda e: factory_name(e) != "pfedknow"),
+            methods_where(lambda e: e.client != "unlabeled-pruning"),
             allowed="finite numbers >= 0: one, or one per tier",
         ),
     )

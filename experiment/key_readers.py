@@ -25,11 +25,6 @@ def methods_where(keep: Callable[[registry.MethodEntry], bool]) -> list[str]:
     return [e.name for e in registry.METHODS.values() if keep(e)]
 
 
-def factory_name(entry: registry.MethodEntry) -> str:
-    """The function part of the entry's strategy factory (``"server.factories:heterofl"`` -> ``"heterofl"``)."""
-    return entry.strategy.rpartition(":")[2]
-
-
 def methods_on(*families: registry.FamilyKind) -> list[str]:
     """The methods that run on at least one of ``families``."""
     return methods_where(lambda e: not e.families.isdisjoint(families))

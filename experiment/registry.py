@@ -2,14 +2,15 @@
 
 An entry names the method (the run config's ``method`` value), the model families it runs on,
 how its tiers differ (depth, or width of the full model), which variants it trains, what its
-clients do, and the factory that builds its server strategy.  The factory is a dotted path
-(``"module:function"``) that only the ServerApp resolves (:func:`server.app.build_strategy`),
-so a ClientApp reads the registry without importing any strategy.  A method missing here fails
-at start (:func:`lookup`), naming the ``method`` key, the registered choices and the closest one.
+clients do, and the factory that builds its server strategy: a function of the method's own
+module in ``strategies/`` (``build``), named by a dotted path (``"module:function"``) that only
+the ServerApp resolves (:func:`server.app.build_strategy`), so a ClientApp reads the registry
+without importing any strategy.  A method missing here fails at start (:func:`lookup`), naming
+the ``method`` key, the registered choices and the closest one.
 
 Adding a method: its module in ``strategies/`` (math as pure functions, a thin strategy), its
-settings group (:mod:`experiment.method_settings`), its factory, and one :class:`MethodEntry`
-below (``docs/ADDING_A_METHOD.md``).
+settings group (:mod:`experiment.method_settings`), its factory ``build`` in that module, and one
+:class:`MethodEntry` below (``docs/ADDING_A_METHOD.md``).
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ class MethodEntry:
     summary : str
         One line: what it does and where it comes from.
     strategy : str
-        ``"module:function"`` of the factory ``(RunConfig, MethodEntry, StrategyOptions) ->
-        HeterogeneousStrategy`` (resolved by the ServerApp only).
+        ``"module:function"`` of the factory ``(RunConfig, MethodEntry, options) ->
+        HeterogeneousStrategy`` in the method's strategy module (resolved by the ServerApp only).
     families : frozenset of FamilyKind
         Model families it runs on.
     mode : str
@@ -140,7 +141,7 @@ def _flexifed(name: str, mode: str, summary: str) -> MethodEntry:
     return MethodEntry(
         name,
         summary,
-        "server.factories:flexifed",
+        "strategies.flexifed:build",
         _FLEXIFED,
         mode=mode,
         per_node_models=True,
@@ -156,7 +157,7 @@ def _codist(name: str, mode: str, summary: str) -> MethodEntry:
     return MethodEntry(
         name,
         summary,
-        "server.factories:codistillation",
+        "strategies.codistill:build",
         _CODIST,
         mode=mode,
         needs_family=_NEEDS_POOLS,
@@ -169,7 +170,7 @@ def _pfedknow(name: str, summary: str) -> MethodEntry:
     return MethodEntry(
         name,
         summary,
-        "server.factories:pfedknow",
+        "strategies.pfedknow:build",
         _TEXT_OR_CNN,
         mode=name,
         client="unlabeled-pruning",
@@ -183,14 +184,14 @@ _ENTRIES: tuple[MethodEntry, ...] = (
     MethodEntry(
         "inclusivefl",
         "InclusiveFL (Liu et al., KDD 2022): depth tiers, layer-wise aggregation, momentum distillation",
-        "server.factories:inclusivefl",
+        "strategies.inclusivefl:build",
         frozenset({"transformer"}),
         settings=(InclusiveFLGroup, ServerAdamGroup),
     ),
     MethodEntry(
         "all-large",
         "AllLarge: every node trains the largest model, memory ignored (InclusiveFL's upper bound)",
-        "server.factories:one_variant",
+        "strategies.baselines:build_one_variant",
         _TEXT_OR_CNN,
         trains="largest",
         assign="largest",
@@ -199,7 +200,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
     MethodEntry(
         "all-small",
         "AllSmall: every node trains the smallest model (InclusiveFL's baseline)",
-        "server.factories:one_variant",
+        "strategies.baselines:build_one_variant",
         _TEXT_OR_CNN,
         trains="smallest",
         settings=(ServerAdamGroup, HeteroFLGroup),
@@ -207,7 +208,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
     MethodEntry(
         "exclusive",
         "ExclusiveFL: only the nodes that fit the largest model train it (InclusiveFL's baseline)",
-        "server.factories:one_variant",
+        "strategies.baselines:build_one_variant",
         _TEXT_OR_CNN,
         trains="largest",
         settings=(ServerAdamGroup, HeteroFLGroup),
@@ -215,7 +216,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
     MethodEntry(
         "local",
         "Local: every node trains its own tier model alone, no aggregation (cross-silo baseline)",
-        "server.factories:local",
+        "strategies.baselines:build_local",
         frozenset({"transformer"}),
         per_node_models=True,
         median=False,
@@ -223,7 +224,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
     MethodEntry(
         "heterofl",
         "HeteroFL (Diao et al., ICLR 2021): width-scaled sub-models, element-wise coverage averaging",
-        "server.factories:heterofl",
+        "strategies.heterofl:build",
         _TEXT_OR_CNN,
         mode="static",
         width_tiers=True,
@@ -232,7 +233,7 @@ _ENTRIES: tuple[MethodEntry, ...] = (
     MethodEntry(
         "fedrolex",
         "FedRolex (Alam et al., NeurIPS 2022): HeteroFL with rolling sub-model windows",
-        "server.factories:heterofl",
+        "strategies.heterofl:build",
         _TEXT_OR_CNN,
         mode="rolling",
         width_tiers=True,

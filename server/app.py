@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from experiment.config import ConfigError, RunConfig
 from experiment.preflight import start_checks
-from experiment.registry import FactoryNotFound, load_factory
+from experiment.registry import FactoryNotFound, MethodEntry, load_factory
 from models.data import (
     DataSpec,
     num_labels,
@@ -45,18 +45,33 @@ from server.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from server.factories import strategy_options
 from server.results import ResultsWriter, majority_rate
 from strategies.base import HeterogeneousStrategy
 
 app = ServerApp()
 
 
+def strategy_options(cfg: RunConfig, entry: MethodEntry) -> dict[str, Any]:
+    """The keyword options of :class:`~strategies.base.HeterogeneousStrategy` every factory passes on."""
+    return {
+        "catalog": cfg.training_catalog,
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "min_train_nodes": cfg.min_train_nodes,
+        "min_evaluate_nodes": 1,
+        "min_available_nodes": cfg.min_available_nodes,
+        "assign": entry.assign,
+        "seed": cfg.seed,
+        "clip_update_norm": cfg.clip_bounds,
+        "robust_aggregation": cfg.robust_aggregation,
+    }
+
+
 def build_strategy(cfg: RunConfig) -> HeterogeneousStrategy:
     """The strategy of ``cfg.method``: its registry entry's factory over ``cfg.training_catalog``.
 
-    The entry (:mod:`experiment.registry`) names the factory (:mod:`server.factories`); every
-    factory gets the options all strategies share (:func:`server.factories.strategy_options`).
+    The entry (:mod:`experiment.registry`) names the factory, a function of the method's module
+    in ``strategies/``; every factory gets the options all strategies share (:func:`strategy_options`).
     """
     entry = cfg.entry
     strategy = load_factory(entry)(cfg, entry, strategy_options(cfg, entry))

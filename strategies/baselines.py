@@ -8,15 +8,23 @@ over a one-variant catalog (so FedAdam on that variant; see ``server/app.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from torch import Tensor
 
+from experiment.method_settings import ServerAdamGroup
 from models.catalog import VariantCatalog
+from strategies import heterofl
 from strategies.base import HeterogeneousStrategy
+from strategies.fedadam import FedAdamConfig
+from strategies.inclusivefl import InclusiveFL
 from strategies.options import StrategyOptions
 from strategies.replies import Accepted, Sent
 from strategies.streaming import StreamingMean
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+    from experiment.registry import MethodEntry
 
 
 class PerNodeModels(HeterogeneousStrategy):
@@ -94,3 +102,21 @@ class LocalTraining(PerNodeModels):
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
     ) -> None:
         """Nothing is aggregated."""
+
+
+def build_one_variant(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> HeterogeneousStrategy:
+    """AllLarge / AllSmall / ExclusiveFL: FedAdam on the one variant the entry trains.
+
+    A registry factory (:class:`experiment.registry.MethodEntry` ``strategy``).  Depth tiers:
+    InclusiveFL's server step with one tier and no momentum distillation (``beta = 0``),
+    InclusiveFL's baselines; width tiers (the CNNs): HeteroFL's server on the one width.
+    """
+    if cfg.uses_width:
+        return heterofl.build(cfg, entry, options)
+    adam = FedAdamConfig.from_settings(cfg.settings_of(ServerAdamGroup))
+    return InclusiveFL(beta=0.0, adam=adam, server_adam="per-tier", **options)
+
+
+def build_local(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> LocalTraining:
+    """Local: every node trains its own model; nothing is aggregated (a registry factory)."""
+    return LocalTraining(**options)

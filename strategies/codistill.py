@@ -54,19 +54,29 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO
-from typing import Any, Literal, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack
 
 import torch
 from flwr.app import MessageType
 from flwr.common import log
 from torch import Tensor, nn
 
+from experiment.lists import split_list
+from experiment.method_settings import CodistGroup, ServerAdamGroup, ServerTrainingGroup
 from models.batches import Batch
 from models.catalog import VariantCatalog
+from models.codist import unlabeled_image_crops, unlabeled_images
+from models.data import load_splits, read_guardian_headlines, text_inputs
+from models.images import mixed_domains
+from models.transformer import load_tokenizer, resolve_source
 from strategies.base import HeterogeneousStrategy
 from strategies.distillation import DistillationConfigError, distill, sample_batches
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
 from strategies.options import StrategyOptions
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+    from experiment.registry import MethodEntry
 
 Params = dict[str, Tensor]
 Mode = Literal["periodic", "merged", "fedavg"]
@@ -455,3 +465,73 @@ def _per_pool(value: _T | Mapping[str, _T], pools: Sequence[str], what: str) -> 
             raise CodistConfigError(f"{what} settings lack pools {missing}")
         return {p: value[p] for p in pools}
     return dict.fromkeys(pools, value)
+
+
+def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> CoDistillation:
+    """Co-distillation in ``entry.mode`` (merged, periodic, per-pool FedAvg) from the run config.
+
+    Registry factory (:class:`experiment.registry.MethodEntry` ``strategy``).
+    """
+    family = cfg.family()
+    own, server = cfg.settings_of(CodistGroup), cfg.settings_of(ServerTrainingGroup)
+    return CoDistillation(
+        num_rounds=cfg.num_server_rounds,
+        build_model=lambda pool: family.build(cfg.catalog.get(pool)),
+        distill_data=distillation_inputs(cfg),
+        mode=parse_mode(entry.mode),
+        alpha=own.codist_alpha,
+        period=own.codist_period,
+        adam=server_adam_per_pool(cfg),
+        distill=DistillConfig(
+            steps=server.distill_steps,
+            temperature=server.distill_temperature,
+            lam=own.distill_lambda,
+            lr=server.distill_lr,
+            batch_size=server.distill_batch_size,
+        ),
+        membership=own.codist_membership,
+        device=cfg.torch_device(),
+        **options,
+    )
+
+
+def server_adam_per_pool(cfg: RunConfig) -> dict[str, FedAdamConfig]:
+    """One server optimizer per pool (tier): ``tier-server-lr``'s eta, else ``server-lr``'s."""
+    base = FedAdamConfig.from_settings(cfg.settings_of(ServerAdamGroup))
+    per_pool = cfg.settings_of(CodistGroup).tier_server_lr
+    if not per_pool:
+        return dict.fromkeys(cfg.tier_names, base)
+    rates = [float(x) for x in split_list(per_pool, "tier-server-lr")]
+    return {t: dataclasses.replace(base, eta=eta) for t, eta in zip(cfg.tier_names, rates, strict=True)}
+
+
+def distillation_inputs(cfg: RunConfig) -> Batch:
+    """The server's unlabeled distillation set (``distill-size`` examples).
+
+    Images: photo crops (``crops``, out-of-domain) or training images without labels
+    (``in-domain``).  Text: Guardian headlines (``headlines``, out-of-domain) or training
+    texts without labels (``in-domain``), tokenized for the transformer pools.
+    ``out-of-domain`` (the default) picks crops or headlines by the model's data kind.  With
+    several input domains (``tier-domains``) the images are split into equal shares, one per
+    domain (:func:`models.images.mixed_domains`), like the paper's mixed distillation data.
+    """
+    own = cfg.settings_of(CodistGroup)
+    source = own.distill_data
+    if source == "out-of-domain":
+        source = "crops" if cfg.image_data else "headlines"
+    if cfg.image_data:
+        if source == "crops":
+            x = unlabeled_image_crops(own.distill_size, cfg.image_size, cfg.image_channels, seed=cfg.seed)
+        else:
+            train, _ = load_splits(cfg.data_spec())
+            x = unlabeled_images(train, own.distill_size, seed=cfg.seed)
+        return mixed_domains(x, cfg.domains)
+    if source == "headlines":
+        texts = read_guardian_headlines()
+    else:
+        train, _ = load_splits(cfg.data_spec())
+        texts = [str(t) for t in train["text"]]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    keep = torch.randperm(len(texts), generator=gen)[: own.distill_size].tolist()
+    tokenizer = load_tokenizer(resolve_source(cfg.model))
+    return text_inputs([texts[i] for i in keep], tokenizer, max_length=cfg.max_seq_len)

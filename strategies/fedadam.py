@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from experiment.method_settings import ServerAdamGroup
+
 
 @dataclass(frozen=True)
 class FedAdamConfig:
@@ -34,6 +36,11 @@ class FedAdamConfig:
     beta_1: float = 0.9
     beta_2: float = 0.99
     tau: float = 1e-6
+
+    @classmethod
+    def from_settings(cls, adam: ServerAdamGroup) -> FedAdamConfig:
+        """The run config's ``server-lr``, ``server-beta1``, ``server-beta2``, ``server-tau``."""
+        return cls(eta=adam.server_lr, beta_1=adam.server_beta1, beta_2=adam.server_beta2, tau=adam.server_tau)
 
 
 @dataclass

@@ -58,19 +58,26 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import Literal, TypeVar, Unpack, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, get_args
 
 import torch
 from flwr.common import log
 from torch import Tensor
 
+from experiment.config import ConfigError
+from experiment.method_settings import FlexiFedGroup
 from models.architectures import ArchLayer, LayerSignature
 from models.catalog import VariantCatalog
+from models.family import ArchitectureFamily, TransformerFamily
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import PerNodeModels
 from strategies.options import StrategyOptions
 from strategies.replies import Accepted
 from strategies.streaming import StreamingMean
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+    from experiment.registry import MethodEntry
 
 Mode = Literal["basic", "clustered", "max", "clustered-fl", "standalone"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -580,3 +587,27 @@ class FlexiFed(PerNodeModels):
         if not self.keeps_client_models:
             return HeterogeneousStrategy.models_for_evaluation(self)
         return super().models_for_evaluation()
+
+
+def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> FlexiFed:
+    """FlexiFed in ``entry.mode`` over the family's layer signatures (VGGs / ResNets, or a transformer's depths).
+
+    Registry factory (:class:`experiment.registry.MethodEntry` ``strategy``).
+
+    Raises
+    ------
+    ConfigError
+        When ``model`` names neither an architecture family nor a transformer.
+
+    """
+    family = cfg.family()
+    if not isinstance(family, ArchitectureFamily | TransformerFamily):
+        raise ConfigError(f"run config 'model': {entry.name!r} needs an architecture family or a transformer")
+    own = cfg.settings_of(FlexiFedGroup)
+    return FlexiFed(
+        signatures=family.layers(cfg.catalog),
+        mode=entry.mode,
+        uniform=own.flexifed_uniform,
+        share_classifier=own.flexifed_share_classifier,
+        **options,
+    )

@@ -11,6 +11,7 @@ train (:class:`NothingToTrain`).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from logging import INFO, WARNING
 
@@ -117,7 +118,8 @@ def unchosen_variant_warnings(
         warned = any(w.startswith(f"variant {variant!r} ") for w in already)
         if variant in chosen_by or warned:
             continue
-        counts = ", ".join(f"{v}: {sum(c == v for c in chosen_by)}" for v in sorted({str(c) for c in chosen_by}))
+        tally = Counter("declined" if c is None else c for c in chosen_by)
+        counts = ", ".join(f"{v}: {n}" for v, n in sorted(tally.items()))
         out.append(
             f"variant {variant!r} trains on no node: the {len(chosen_by)} nodes so far chose ({counts}); "
             "in simulation tier-memory-mb='auto' gives each tier its own variant"

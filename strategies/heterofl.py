@@ -42,11 +42,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import Tensor
 
+from experiment.method_settings import HeteroFLGroup, ServerAdamGroup
 from models.catalog import Variant, VariantCatalog
 from strategies.base import HeterogeneousStrategy
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
@@ -55,6 +56,10 @@ from strategies.records import State
 from strategies.replies import Accepted
 from strategies.streaming import StreamingMean
 from strategies.validation import non_finite_reason
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+    from experiment.registry import MethodEntry
 
 Params = dict[str, Tensor]
 Groups = tuple[str | None, ...]
@@ -614,3 +619,18 @@ class HeteroFL(HeterogeneousStrategy):
         """
         full = self.state[self.GLOBAL]
         return {v.name: [extract_with_indices(full, self.rules, self.index_sets(v.name))] for v in self.catalog}
+
+
+def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> HeteroFL:
+    """HeteroFL (``entry.mode = "static"``) or FedRolex (``"rolling"`` windows) over the family's width rules.
+
+    Registry factory (:class:`experiment.registry.MethodEntry` ``strategy``).
+    """
+    return HeteroFL(
+        rules=WidthRules(axes=cfg.family().width_rules(cfg.catalog)),
+        full=cfg.catalog.largest,
+        rolling=entry.mode == "rolling",
+        server_optimizer=cfg.settings_of(HeteroFLGroup).heterofl_server_optimizer,
+        adam=FedAdamConfig.from_settings(cfg.settings_of(ServerAdamGroup)),
+        **options,
+    )

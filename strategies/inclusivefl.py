@@ -35,16 +35,21 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from logging import INFO
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from flwr.common import log
 from torch import Tensor
 
+from experiment.method_settings import InclusiveFLGroup, ServerAdamGroup
 from models.catalog import VariantCatalog
 from strategies.base import HeterogeneousStrategy
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
 from strategies.options import StrategyOptions
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+    from experiment.registry import MethodEntry
 
 _LAYER = re.compile(r"^(.*\.layer\.)(\d+)\.(.+)$")
 
@@ -370,3 +375,14 @@ def tier_shared_names(catalog: VariantCatalog) -> dict[str, set[str]]:
     out of the heterogeneous average.
     """
     return {v.name: {p.name for p in v.layout if p.role == "shared" and p.trainable} for v in catalog}
+
+
+def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> InclusiveFL:
+    """InclusiveFL from the run config: ``beta``, ``inclusivefl-server-adam`` and the server FedAdam.
+
+    A registry factory (:class:`experiment.registry.MethodEntry` ``strategy``):
+    ``(RunConfig, MethodEntry, options) -> strategy``.
+    """
+    own = cfg.settings_of(InclusiveFLGroup)
+    adam = FedAdamConfig.from_settings(cfg.settings_of(ServerAdamGroup))
+    return InclusiveFL(beta=own.beta, adam=adam, server_adam=own.inclusivefl_server_adam, **options)

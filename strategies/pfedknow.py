@@ -63,12 +63,14 @@ tensors would have taken (one array per tensor, as every dense method uploads) a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
+from functools import partial
 from logging import INFO
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 import torch
@@ -77,6 +79,8 @@ from flwr.app.typing import ConfigRecordValues
 from flwr.common import log
 from torch import Tensor, nn
 
+from experiment.config import ConfigError
+from experiment.method_settings import PFedKnowGroup
 from experiment.protocol import (
     ARRAYS,
     KEPT_WEIGHTS,
@@ -90,16 +94,22 @@ from experiment.protocol import (
 )
 from models.batches import Batch, batch_size_of, take_rows
 from models.catalog import VariantCatalog
+from models.family import CNNFamily, TransformerFamily
 from models.pruning import kept_fraction, progressive_ratio
 from models.sparse import SparsePayloadError, encode_payload, from_wire, payload_nbytes, to_wire
+from models.transformer import build_model, full_config
 from strategies.base import HeterogeneousStrategy, StrategyStateError
 from strategies.distillation import collaborative_distill, index_batches, logits_on, train_on_labeled
 from strategies.options import StrategyOptions
-from strategies.pfedknow_modes import PFedKnowMode, PFedKnowSettings
+from strategies.pfedknow_modes import MODES, PFedKnowMode, PFedKnowSettings, labeled_set, settings_from, text_mode
 from strategies.records import record_nbytes, to_record
 from strategies.replies import Accepted, Evaluated, Sent
 from strategies.streaming import StreamingMean
 from strategies.validation import ReplyRejected, validate_num_examples
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+    from experiment.registry import MethodEntry
 
 Params = dict[str, Tensor]
 Masks = dict[str, Tensor]
@@ -632,3 +642,41 @@ class PFedKnow(HeterogeneousStrategy):
             self.labeled_y.shape[0],
         )
         super().summary()
+
+
+def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> PFedKnow:
+    """The pFedKnow strategy or an ablation (``entry.mode``) from the run config (a registry factory).
+
+    Images: the lightweight ``conv`` CNN under a ``pfedknow-teacher-scale`` wider teacher
+    (random initialization).  Text: a ``tier-layers``-deep student under the full-depth
+    transformer with its pretrained weights (:func:`models.transformer.build_model`), the mode's
+    text version (:func:`strategies.pfedknow_modes.text_mode`).
+
+    Raises
+    ------
+    ConfigError
+        When ``model`` names a family pFedKnow has no teacher for.
+
+    """
+    family = cfg.family()
+    mode = MODES[entry.mode]
+    build_teacher: Callable[[], nn.Module]
+    if isinstance(family, CNNFamily):
+        scale = cfg.settings_of(PFedKnowGroup).pfedknow_teacher_scale
+        teacher = dataclasses.replace(family, base=tuple(max(1, round(w * scale)) for w in family.base))
+        build_teacher = partial(teacher.at_rate, 1.0)
+    elif isinstance(family, TransformerFamily):
+        spec = family.spec
+        depth = full_config(spec.source, spec.num_labels).num_hidden_layers
+        build_teacher = partial(build_model, spec, depth, pretrained=True)
+        mode = text_mode(mode)
+    else:
+        raise ConfigError(f"run config 'model': pFedKnow has no teacher for {cfg.model!r}")
+    return PFedKnow(
+        mode=mode,
+        build_model=partial(family.build, cfg.catalog.largest),
+        build_teacher=build_teacher,
+        labeled=labeled_set(cfg),
+        settings=settings_from(cfg),
+        **options,
+    )

@@ -1,16 +1,29 @@
-"""pFedKnow's method variants and server settings (seed 002; the strategy: :mod:`strategies.pfedknow`).
+"""pFedKnow's method variants, server settings and labeled set (seed 002; the strategy: :mod:`strategies.pfedknow`).
 
 :data:`MODES` maps each registered method name to what it uses: pFedKnow itself, its ablations
 AS-1..AS-4 (Section 4.4, Table 3) and SemiFL; :func:`text_mode` is a mode's text version.
 :class:`PFedKnowSettings` holds the numbers of the server's schedule, pseudo-label threshold,
-distillation and initialization.
+distillation and initialization (:func:`settings_from` reads them from the run config);
+:func:`labeled_set` is the server's labeled set ``D_s``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+import torch
+from torch import Tensor
+
+from experiment.method_settings import PFedKnowGroup, ServerTrainingGroup
+from models.batches import Batch
+from models.data import server_labeled_set, text_inputs
+from models.images import image_tensors
 from models.pruning import PRUNING, UNCERTAINTY
+from models.transformer import load_tokenizer, resolve_source
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -105,3 +118,43 @@ class PFedKnowSettings:
             raise ValueError(f"target_ratio must be in [0, 1), got {self.target_ratio}")
         if self.ramp_rounds < 1:
             raise ValueError(f"ramp_rounds must be >= 1, got {self.ramp_rounds}")
+
+
+def settings_from(cfg: RunConfig) -> PFedKnowSettings:
+    """The strategy's settings from the run config.
+
+    The pseudo-label threshold ``delta``: ``pfedknow-delta``, or ``1 - semifl-confidence`` for the
+    SemiFL-style baseline, the one mode whose image filter is the max-softmax confidence
+    (``uncertainty = "softmax"``) instead of pFedKnow's evidential uncertainty.
+    """
+    confidence_filter = MODES[cfg.entry.mode].uncertainty == "softmax"
+    own, server = cfg.settings_of(PFedKnowGroup), cfg.settings_of(ServerTrainingGroup)
+    return PFedKnowSettings(
+        target_ratio=own.pfedknow_prune_ratio,
+        ramp_rounds=own.pfedknow_prune_rounds,
+        delta=1.0 - own.semifl_confidence if confidence_filter else own.pfedknow_delta,
+        l1=own.pfedknow_l1,
+        distill_steps=server.distill_steps,
+        distill_lr=server.distill_lr,
+        distill_batch_size=server.distill_batch_size,
+        temperature=server.distill_temperature,
+        teacher_steps=own.pfedknow_teacher_steps,
+        init_steps=own.pfedknow_init_steps,
+        init_lr=own.pfedknow_init_lr,
+    )
+
+
+def labeled_set(cfg: RunConfig) -> tuple[Batch, Tensor]:
+    """The server's labeled set ``D_s``: ``pfedknow-labeled-size`` training examples.
+
+    Carved out of the training split before the clients' partitions
+    (:func:`models.data.server_labeled_set`): no client holds them and they are never test or
+    validation examples.  Images: a normalized tensor; text: keyword inputs tokenized like the
+    clients' (truncated at ``max-seq-len``).
+    """
+    labeled = server_labeled_set(cfg.data_spec())
+    if cfg.image_data:
+        return image_tensors(labeled)
+    tokenizer = load_tokenizer(resolve_source(cfg.model))
+    x = text_inputs([str(t) for t in labeled["text"]], tokenizer, max_length=cfg.max_seq_len)
+    return x, torch.as_tensor(labeled["label"], dtype=torch.long)

@@ -12,8 +12,7 @@ from models.data import read_guardian_headlines, text_inputs
 from models.images import MEAN, STD, image_loader, mixed_domains, shift_images
 from models.transformer import load_tokenizer, resolve_source
 from server.app import CentralEvaluator, build_strategy
-from server.factories import distillation_inputs
-from strategies.codistill import CoDistillation
+from strategies.codistill import CoDistillation, distillation_inputs
 from strategies.distillation import distill, sample_batches
 
 TEXT_POOLS: dict[str, object] = {

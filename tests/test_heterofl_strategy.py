@@ -6,6 +6,7 @@ import torch
 from transformers import BertConfig
 
 from experiment.config import RunConfig
+from experiment.method_settings import ServerAdamGroup
 from models.transformer import (
     TransformerSpec,
     bert_width_rules,
@@ -15,8 +16,8 @@ from models.transformer import (
     matched_width_rates,
     width_config,
 )
-from server import factories
 from server.app import build_strategy
+from strategies.fedadam import FedAdamConfig
 from strategies.heterofl import HeteroFL
 from tests.toy import reply, sent, trained
 
@@ -101,7 +102,7 @@ def test_fedadam_server_optimizer_applies_the_coverage_delta() -> None:
     payload = {k: v for k, v in s.variant_payload(3, "strong").items() if k != "bert.embeddings.word_embeddings.weight"}
     s.aggregate_train(1, [reply(sent(s, 3, "strong"), trained(payload, 0.5))])
     # first FedAdam step on a constant delta d: eta_t * (0.1 d) / (0.1 |d| + tau) ~ eta_t
-    a = factories.fedadam(cfg)
+    a = FedAdamConfig.from_settings(cfg.settings_of(ServerAdamGroup))
     eta_t = a.eta * (1 - a.beta_2**2) ** 0.5 / (1 - a.beta_1**2)
     step = s.state["global"][Q] - before[Q]
     torch.testing.assert_close(step, torch.full_like(step, eta_t * 0.05 / (0.05 + a.tau)))

@@ -13,9 +13,9 @@ from experiment.config import ConfigError, RunConfig
 from experiment.registry import names
 from models.data import DataError, DataSpec, load_partition, load_splits, server_labeled_set, server_test_set
 from server.app import build_strategy
-from server.factories import pfedknow_labeled_set
 from strategies.pfedknow import PFedKnow
 from strategies.pfedknow_modes import MODES
+from strategies.pfedknow_modes import labeled_set as pfedknow_labeled_set
 
 #: pFedKnow, its ablations and the SemiFL-style baseline: the methods whose clients are unlabeled
 PFEDKNOW_METHODS = names(client="unlabeled-pruning")

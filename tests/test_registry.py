@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import inspect
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -12,7 +14,6 @@ from experiment import registry
 from experiment.config import ConfigError, RunConfig
 from experiment.registry import METHODS, FactoryNotFound, MethodEntry, UnknownMethod, family_kind, load_factory, lookup
 from server.app import build_strategy
-from server.factories import pfedknow_settings
 from strategies.baselines import LocalTraining
 from strategies.codistill import CoDistillation
 from strategies.flexifed import FlexiFed
@@ -20,6 +21,7 @@ from strategies.heterofl import HeteroFL
 from strategies.inclusivefl import InclusiveFL
 from strategies.pfedknow import PFedKnow
 from strategies.pfedknow_modes import MODES as PFEDKNOW_MODES
+from strategies.pfedknow_modes import settings_from as pfedknow_settings
 from tests.test_pfedknow_config import BASE as PFEDKNOW_BASE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +100,9 @@ def test_unknown_method_fails_naming_the_key_the_choices_and_the_closest() -> No
 
 
 def test_a_factory_that_does_not_exist_or_builds_no_strategy_fails_naming_the_method() -> None:
-    missing = MethodEntry("nowhere", "test", "server.factories:no_such_factory", frozenset({"transformer"}))
-    with pytest.raises(FactoryNotFound, match=r"method 'nowhere': strategy factory 'server.factories:no_such_factory'"):
+    missing = MethodEntry("nowhere", "test", "strategies.heterofl:no_such_factory", frozenset({"transformer"}))
+    expected = r"method 'nowhere': strategy factory 'strategies.heterofl:no_such_factory'"
+    with pytest.raises(FactoryNotFound, match=expected):
         load_factory(missing)
     with pytest.raises(FactoryNotFound, match="not found"):
         load_factory(MethodEntry("x", "test", "no_such_module:f", frozenset({"transformer"})))
@@ -134,9 +137,21 @@ def _string_constants(path: Path) -> set[str]:
 
 def test_no_method_name_is_branched_on_in_the_apps_or_the_factories() -> None:
     """Method names live in the registry: the apps and the factories read entries, not names."""
-    for path in (ROOT / "server" / "app.py", ROOT / "server" / "factories.py", *(ROOT / "client").glob("*.py")):
+    for path in (ROOT / "server" / "app.py", *(ROOT / "client").glob("*.py")):
         named = _string_constants(path) & set(METHODS)
         assert not named, f"{path.relative_to(ROOT)} names methods {sorted(named)}"
+    for entry in METHODS.values():
+        factory = load_factory(entry)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(factory)))
+        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not named & set(METHODS), f"{entry.strategy} names methods {sorted(named & set(METHODS))}"
+
+
+def test_every_factory_lives_in_a_strategy_module() -> None:
+    """A method is its module in ``strategies/`` plus its registry entry (issue 20, item 1)."""
+    for entry in METHODS.values():
+        assert entry.strategy.startswith("strategies."), f"{entry.name}: factory {entry.strategy} outside strategies/"
+        assert load_factory(entry).__module__ == entry.strategy.partition(":")[0]
 
 
 def test_the_configuration_checks_branch_on_entry_facts_not_method_names() -> None:

@@ -62,7 +62,7 @@ def test_a_variant_no_node_chose_is_warned_of_once() -> None:
     chose = [profile(1, "small"), profile(2, "small"), profile(3, None)]
     first = unchosen_variant_warnings(["small", "large"], chose, [])
     assert first == [
-        "variant 'large' trains on no node: the 3 nodes so far chose (None: 0, small: 2); "
+        "variant 'large' trains on no node: the 3 nodes so far chose (declined: 1, small: 2); "
         "in simulation tier-memory-mb='auto' gives each tier its own variant"
     ]
     assert unchosen_variant_warnings(["small", "large"], chose, first) == []
