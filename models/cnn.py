@@ -598,21 +598,24 @@ def estimate_memory(
     batch_size: int,
     optimizer: str,
     base: Sequence[int] = HETEROFL_BASE,
+    blocks: int | None = None,
 ) -> MemoryEstimate:
-    """Training-memory estimate of the rate-``rate`` model.
+    """Training-memory estimate of the rate-``rate`` model (of its first ``blocks`` conv outputs' worth).
 
     ``parameters = 4 P``, ``gradients = 4 P``, ``optimizer = 4 m P`` (``m = 2`` moments for
     AdamW, ``1`` for SGD with momentum), and
     ``activations = 4 * B * a * sum_l C_l H_l W_l`` bytes with ``C_l H_l W_l`` the conv output
-    sizes of :func:`conv_output_shapes`, ``B`` the batch size and ``a`` =
-    :data:`ACT_FLOATS_PER_CONV_OUTPUT`.  Every tensor is trainable (static BN has no buffers).
+    sizes of :func:`conv_output_shapes` (the first ``blocks`` of them where given: a depth-cut
+    model), ``B`` the batch size and ``a`` = :data:`ACT_FLOATS_PER_CONV_OUTPUT`.  Every tensor is
+    trainable (static BN has no buffers).
     """
     moments = {"adamw": 2, "sgd": 1}.get(optimizer)
     if moments is None:
         raise ValueError(f"unknown optimizer {optimizer!r} (expected 'adamw' or 'sgd')")
     p_all = layout.num_params()
     p_train = layout.num_params(trainable_only=True)
-    elements = sum(c * h * w for c, h, w in conv_output_shapes(model_name, rate, image_size=image_size, base=base))
+    shapes = conv_output_shapes(model_name, rate, image_size=image_size, base=base)[:blocks]
+    elements = sum(c * h * w for c, h, w in shapes)
     return MemoryEstimate(
         parameters=4 * p_all,
         gradients=4 * p_train,

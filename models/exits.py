@@ -1,0 +1,207 @@
+r"""Multi-exit models' training math for DepthFL: mutual self-distillation among a model's exits.
+
+Kim, Kim and Hwang, "DepthFL: Depthwise Federated Learning for Heterogeneous Clients", ICLR 2023
+(Section 3.2), in the form of Flower's ``depthfl`` baseline.  A depth-``k`` model has an exit
+(classifier) after each of its ``k`` blocks, with logits ``z_1 .. z_k``.  Its local loss is
+
+.. math::
+
+    L = \sum_{i=1}^{k} \Big[ \mathrm{CE}(z_i, y)
+        + \frac{w}{k - 1} \sum_{j \ne i} T^2\,
+          \mathrm{KL}\big(\mathrm{softmax}(\bar z_j / T) \,\|\, \mathrm{softmax}(z_i / T)\big) \Big]
+
+where ``\bar z_j`` is ``z_j`` detached (each exit learns from the others, none is pulled towards
+a student), ``T`` the temperature and ``w`` the distillation weight (the server's ramp,
+:func:`strategies.depthfl.kd_weight`).  A depth-1 model has no other exit: ``L = CE(z_1, y)``.
+The KL is averaged over the batch (``reduction = "batchmean"``, the baseline's ``sum(1).sum() /
+batch``); the baseline adds ``1e-7`` to the teacher's probabilities before its logarithm, this
+module takes the log-softmax instead (the same value up to that epsilon, without its bias).
+
+Prediction is the ensemble of the exits: the mean of their logits (:func:`ensemble_logits`, the
+baseline's ``test``).
+
+Models
+------
+:class:`ExitConvNet` is HeteroFL's conv net (:class:`models.cnn.ConvNet`) at full width cut to its
+first ``k`` blocks, with exit ``i`` (global average pool, then one linear layer) after block ``i``;
+its tensors keep the conv net's names (``blocks.<i>.*``) beside ``exits.<i>.*``, so a depth-``k``
+model's state is a prefix of the depth-``L`` one (:func:`exit_conv_catalog`).  Its ``forward``
+returns the ensemble's logits, so evaluation and HeteroFL's sBN statistics work unchanged;
+:meth:`ExitConvNet.exit_logits` returns every exit's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.catalog import Layout, Role, Variant, VariantCatalog, meta_layout
+from models.cnn import CONV, ConvBlock, estimate_memory
+
+
+class ExitsError(ValueError):
+    """A multi-exit model's outputs or settings are unusable (no exits, mismatched shapes, bad weights)."""
+
+
+def ensemble_logits(logits: Sequence[Tensor]) -> Tensor:
+    """The mean of the exits' logits, ``(1/k) sum_i z_i`` (the model's prediction).
+
+    Raises
+    ------
+    ExitsError
+        When ``logits`` is empty or the exits' shapes differ.
+
+    """
+    if not logits:
+        raise ExitsError("a multi-exit model needs at least one exit")
+    shapes = {tuple(z.shape) for z in logits}
+    if len(shapes) != 1:
+        raise ExitsError(f"every exit must give logits of one shape, got {sorted(shapes)}")
+    return torch.stack(list(logits)).mean(dim=0)
+
+
+def mutual_distillation(logits: Sequence[Tensor], *, temperature: float = 1.0) -> Tensor:
+    r"""``sum_i 1/(k-1) sum_{j != i} T^2 KL(softmax(z_j/T) || softmax(z_i/T))``, teachers detached.
+
+    0 for a single exit.  Gradients reach each ``z_i`` only through its own KL terms as student.
+    """
+    if temperature <= 0:
+        raise ExitsError(f"temperature must be > 0, got {temperature}")
+    k = len(logits)
+    if k < 2:
+        return logits[0].new_zeros(()) if logits else torch.zeros(())
+    students = [F.log_softmax(z / temperature, dim=-1) for z in logits]
+    teachers = [F.log_softmax(z.detach() / temperature, dim=-1) for z in logits]
+    total = logits[0].new_zeros(())
+    for i, student in enumerate(students):
+        for j, teacher in enumerate(teachers):
+            if j != i:
+                kl = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+                total = total + kl * temperature**2 / (k - 1)
+    return total
+
+
+def self_distillation_loss(
+    logits: Sequence[Tensor], labels: Tensor, *, weight: float, temperature: float = 1.0
+) -> Tensor:
+    r"""DepthFL's local loss ``sum_i CE(z_i, y) + w * mutual_distillation(z)`` (module docstring).
+
+    Parameters
+    ----------
+    logits : sequence of Tensor
+        ``z_1 .. z_k``, each ``(batch, classes)``, shallowest exit first.
+    labels : Tensor
+        ``(batch,)`` class indices.
+    weight : float
+        ``w >= 0``, the distillation weight of this round (0: the exits train independently,
+        DepthFL without self-distillation).
+    temperature : float
+        ``T > 0``.
+
+    Raises
+    ------
+    ExitsError
+        No exits, exits of different shapes, ``w < 0`` or ``T <= 0``.
+
+    """
+    ensemble_logits(logits)  # the shape checks
+    if weight < 0:
+        raise ExitsError(f"the distillation weight must be >= 0, got {weight}")
+    loss = sum((F.cross_entropy(z, labels) for z in logits), start=logits[0].new_zeros(()))
+    if weight > 0:
+        loss = loss + weight * mutual_distillation(logits, temperature=temperature)
+    return loss
+
+
+class ExitConvNet(nn.Module):
+    """The first ``depth`` blocks of HeteroFL's conv net at full width, with an exit after each.
+
+    Block ``i`` is :class:`models.cnn.ConvBlock` from ``c_{i-1}`` to ``c_i = base[i]`` channels
+    with a 2x2 max-pool unless it is the *full* model's last block (so every depth has the full
+    model's shapes); exit ``i`` is ``z_i = W_i mean_hw(h_i) + b_i`` on block ``i``'s output.
+
+    State-dict names: ``blocks.<i>.conv.{weight,bias}``, ``blocks.<i>.norm.{weight,bias}``
+    (as :class:`~models.cnn.ConvNet`) and ``exits.<i>.{weight,bias}``.
+    """
+
+    def __init__(self, depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]) -> None:
+        super().__init__()
+        self.base = tuple(int(d) for d in base)
+        if not 1 <= depth <= len(self.base):
+            raise ExitsError(f"depth must be in 1 .. {len(self.base)} (the conv net's blocks), got {depth}")
+        self.depth = depth
+        ins = (in_channels, *self.base[:-1])
+        last = len(self.base) - 1
+        self.blocks = nn.ModuleList(ConvBlock(ins[i], self.base[i], 1.0, pool=i < last) for i in range(depth))
+        self.exits = nn.ModuleList(nn.Linear(self.base[i], num_classes) for i in range(depth))
+
+    def exit_logits(self, x: Tensor) -> list[Tensor]:
+        """``[z_1, .., z_depth]``, each ``(batch, num_classes)``, shallowest first."""
+        out = []
+        for block, head in zip(self.blocks, self.exits, strict=True):
+            x = block(x)
+            out.append(head(F.adaptive_avg_pool2d(x, 1).flatten(1)))
+        return out
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The ensemble's logits (:func:`ensemble_logits` of :meth:`exit_logits`)."""
+        return ensemble_logits(self.exit_logits(x))
+
+
+def exit_conv_place(name: str) -> tuple[int | None, Role]:
+    """``(layer, role)`` of an :class:`ExitConvNet` tensor: block ``i`` shared, exit ``i`` a head, both layer ``i``."""
+    part, index, *_ = name.split(".")
+    if part not in ("blocks", "exits") or not index.isdigit():
+        raise ExitsError(f"{name!r} is not a tensor of a multi-exit conv net")
+    return int(index), "shared" if part == "blocks" else "head"
+
+
+def exit_conv_layout(depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]) -> Layout:
+    """The parameter layout of :class:`ExitConvNet` at ``depth`` (built on the meta device)."""
+    return meta_layout(
+        lambda: ExitConvNet(depth, in_channels=in_channels, num_classes=num_classes, base=base), exit_conv_place
+    )
+
+
+def exit_conv_catalog(
+    depths: Sequence[tuple[str, int]],
+    *,
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    batch_size: int,
+    base: Sequence[int],
+    optimizer: str = "sgd",
+) -> VariantCatalog:
+    """Catalog of depth variants of :class:`ExitConvNet`, one per ``(name, depth)``, shallowest first.
+
+    Each variant's memory is :func:`models.cnn.estimate_memory` on its own layout and its first
+    ``depth`` conv outputs; ``extra = {"exits": depth}``.
+
+    Raises
+    ------
+    ExitsError
+        When the depths are not strictly increasing in ``1 .. len(base)``.
+
+    """
+    values = [d for _, d in depths]
+    if not values or values != sorted(set(values)) or values[0] < 1 or values[-1] > len(base):
+        raise ExitsError(f"depths must be strictly increasing in 1 .. {len(base)}, got {values}")
+    variants = []
+    for name, depth in depths:
+        layout = exit_conv_layout(depth, in_channels=in_channels, num_classes=num_classes, base=base)
+        memory = estimate_memory(
+            CONV,
+            1.0,
+            layout,
+            image_size=image_size,
+            batch_size=batch_size,
+            optimizer=optimizer,
+            base=base,
+            blocks=depth,
+        )
+        variants.append(Variant(name=name, depth=depth, layout=layout, memory=memory, extra={"exits": depth}))
+    return VariantCatalog(family=f"exits:{CONV}", variants=tuple(variants))
