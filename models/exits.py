@@ -28,6 +28,13 @@ its tensors keep the conv net's names (``blocks.<i>.*``) beside ``exits.<i>.*``,
 model's state is a prefix of the depth-``L`` one (:func:`exit_conv_catalog`).  Its ``forward``
 returns the ensemble's logits, so evaluation and HeteroFL's sBN statistics work unchanged;
 :meth:`ExitConvNet.exit_logits` returns every exit's.
+
+:class:`ExitBert` is the BERT encoder of :mod:`models.transformer` cut to ``k`` layers, with exit
+``l`` (the spec's pooling of layer ``l``'s token states, a pooler ``tanh(W_p . + b_p)``, dropout and
+a classifier) after layer ``l``.  Encoder tensors keep the classifier's names
+(``bert.embeddings.*``, ``bert.encoder.layer.<i>.*``), exits are ``exits.<i>.{pooler.dense,
+classifier}.*``; :func:`exit_bert_initial_state` starts every exit's pooler from the checkpoint's
+pooler and seeds the classifiers (:func:`exit_bert_catalog` for the depth variants).
 """
 
 from __future__ import annotations
@@ -37,9 +44,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import BertConfig, BertModel
 
+from models import transformer
 from models.catalog import Layout, Role, Variant, VariantCatalog, meta_layout
 from models.cnn import CONV, ConvBlock, estimate_memory
+from models.transformer import TransformerSpec, build_model, layer_of, masked_mean, variant_config
 
 
 class ExitsError(ValueError):
@@ -205,3 +215,141 @@ def exit_conv_catalog(
         )
         variants.append(Variant(name=name, depth=depth, layout=layout, memory=memory, extra={"exits": depth}))
     return VariantCatalog(family=f"exits:{CONV}", variants=tuple(variants))
+
+
+class ExitPooler(nn.Module):
+    """BERT's pooler layer, ``tanh(W_p x + b_p)`` (state names ``dense.{weight,bias}``)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The pooled representation."""
+        return torch.tanh(self.dense(x))
+
+
+class ExitHead(nn.Module):
+    """One transformer exit: ``W_c dropout(tanh(W_p x + b_p)) + b_c`` on a pooled layer state ``x``."""
+
+    def __init__(self, config: BertConfig, num_labels: int) -> None:
+        super().__init__()
+        self.pooler = ExitPooler(config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        """The exit's logits."""
+        return self.classifier(self.dropout(self.pooler(pooled)))
+
+
+class ExitBert(nn.Module):
+    """The first ``depth`` layers of the spec's BERT encoder with an exit after each.
+
+    Exit ``l`` reads layer ``l``'s token states pooled as the spec says (``"mean"``: the
+    attention-masked mean, :func:`models.transformer.masked_mean`; ``"cls"``: the first token).
+    The word embeddings are frozen where the spec freezes them.
+    """
+
+    def __init__(self, spec: TransformerSpec, depth: int) -> None:
+        super().__init__()
+        config = variant_config(spec, depth)
+        self.pooling = spec.pooling
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.exits = nn.ModuleList(ExitHead(config, spec.num_labels) for _ in range(depth))
+        if spec.freeze_word_embeddings:
+            self.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+
+    def exit_logits(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> list[Tensor]:
+        """``[z_1, .., z_depth]``, each ``(batch, num_labels)``, shallowest first."""
+        out = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            output_hidden_states=True,
+        )
+        states = out.hidden_states[1:]  # [0] is the embedding output
+        return [head(self._pool(h, attention_mask)) for h, head in zip(states, self.exits, strict=True)]
+
+    def _pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        return masked_mean(hidden, attention_mask) if self.pooling == "mean" else hidden[:, 0]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        """The ensemble's logits (:func:`ensemble_logits` of :meth:`exit_logits`)."""
+        return ensemble_logits(self.exit_logits(input_ids, attention_mask, token_type_ids))
+
+
+def exit_bert_place(name: str) -> tuple[int | None, Role]:
+    """``(layer, role)`` of an :class:`ExitBert` tensor.
+
+    Embeddings are layer 0, encoder layer ``i`` is ``i + 1`` (shared), exit ``i`` follows layer
+    ``i + 1`` (a head).
+    """
+    if name.startswith("exits."):
+        index = name.split(".")[1]
+        if index.isdigit():
+            return int(index) + 1, "head"
+    layer = layer_of(name)
+    if layer is None:
+        raise ExitsError(f"{name!r} is not a tensor of a multi-exit transformer")
+    return layer, "shared"
+
+
+def exit_bert_layout(spec: TransformerSpec, depth: int) -> Layout:
+    """The parameter layout of :class:`ExitBert` at ``depth`` (meta device; frozen word embeddings not trainable)."""
+    return meta_layout(
+        lambda: ExitBert(spec, depth),
+        exit_bert_place,
+        parameters_only=True,
+        trainable=lambda name: not (spec.freeze_word_embeddings and name == transformer.WORD_EMBEDDINGS),
+    )
+
+
+def exit_bert_initial_state(spec: TransformerSpec, depth: int, *, seed: int) -> dict[str, Tensor]:
+    """Initial weights of the depth-``depth`` :class:`ExitBert`.
+
+    Embeddings and encoder layers ``1 .. depth``: the checkpoint's (random with ``seed`` for
+    ``tiny``, as :func:`models.transformer.initial_states`); every exit's pooler: the
+    checkpoint's pooler; every exit's classifier: seeded (``torch.manual_seed(seed)`` before the
+    model is built).
+    """
+    torch.manual_seed(seed)
+    state = {k: v.detach().clone() for k, v in ExitBert(spec, depth).named_parameters()}
+    pretrained = dict(build_model(spec, depth, pretrained=True).named_parameters())
+    for name in state:
+        if name.startswith("bert."):
+            state[name] = pretrained[name].detach().clone()
+        elif ".pooler.dense." in name:
+            state[name] = pretrained["bert.pooler.dense." + name.rpartition(".")[2]].detach().clone()
+    return state
+
+
+def exit_bert_catalog(
+    spec: TransformerSpec, tiers: Sequence[tuple[str, int]], *, batch_size: int, seq_len: int, optimizer: str
+) -> VariantCatalog:
+    """Catalog of :class:`ExitBert` depth variants, one per ``(tier name, layers)``, shallowest first.
+
+    Memory: :func:`models.transformer.estimate_memory` on the variant's own layout (its exits'
+    parameters included; their activations, ``depth`` pooled vectors, are within its workspace).
+    """
+    depths = [d for _, d in tiers]
+    if not depths or depths != sorted(set(depths)):
+        raise ExitsError(f"tier depths must be strictly increasing, got {depths}")
+    variants = []
+    for name, depth in tiers:
+        layout = exit_bert_layout(spec, depth)
+        memory = transformer.estimate_memory(
+            variant_config(spec, depth), layout, batch_size=batch_size, seq_len=seq_len, optimizer=optimizer
+        )
+        variants.append(Variant(name=name, depth=depth, layout=layout, memory=memory, extra={"exits": depth}))
+    return VariantCatalog(family=f"exits:{spec.source}", variants=tuple(variants))

@@ -1,4 +1,4 @@
-"""DepthFL's multi-exit conv net: prefix states, exits, ensemble prediction, sBN and its catalog."""
+"""DepthFL's multi-exit models (conv net, transformer): prefix states, exits, ensemble, sBN, catalogs."""
 
 from __future__ import annotations
 
@@ -7,13 +7,19 @@ import torch
 
 from models.cnn import ConvNet, recompute_bn_statistics
 from models.exits import (
+    ExitBert,
     ExitConvNet,
+    ExitHead,
     ExitsError,
     ensemble_logits,
+    exit_bert_catalog,
+    exit_bert_initial_state,
+    exit_bert_layout,
     exit_conv_catalog,
     exit_conv_layout,
     exit_conv_place,
 )
+from models.transformer import WORD_EMBEDDINGS, TransformerSpec, build_model, masked_mean
 
 BASE = (2, 4, 8)
 
@@ -83,3 +89,76 @@ def test_depths_out_of_order_or_range_are_refused(depths: list[tuple[str, int]])
 def test_a_depth_beyond_the_conv_nets_blocks_is_refused() -> None:
     with pytest.raises(ExitsError, match=r"depth must be in 1 \.\. 3"):
         ExitConvNet(4, in_channels=1, num_classes=3, base=BASE)
+
+
+# --- the multi-exit transformer ---------------------------------------------------------------
+
+TINY = TransformerSpec(source="tiny", num_labels=3)
+
+
+def batch_of(n: int = 2, length: int = 5) -> dict[str, torch.Tensor]:
+    ids = torch.randint(5, 100, (n, length))
+    mask = torch.ones(n, length, dtype=torch.long)
+    mask[0, -2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_a_shallower_transformer_is_a_prefix_with_the_classifiers_encoder_names() -> None:
+    deepest = {k: tuple(v.shape) for k, v in ExitBert(TINY, 3).named_parameters()}
+    shallow = {k: tuple(v.shape) for k, v in ExitBert(TINY, 2).named_parameters()}
+    assert all(deepest[k] == s for k, s in shallow.items())
+    encoder = {k for k in dict(build_model(TINY, 2, pretrained=False).named_parameters()) if k.startswith("bert.e")}
+    assert encoder == {k for k in shallow if k.startswith("bert.")}
+    assert {k for k in shallow if k.startswith("exits.1.")} == {
+        "exits.1.pooler.dense.weight",
+        "exits.1.pooler.dense.bias",
+        "exits.1.classifier.weight",
+        "exits.1.classifier.bias",
+    }
+
+
+def test_each_transformer_exit_reads_its_own_layer_and_the_prediction_is_their_mean() -> None:
+    torch.manual_seed(0)
+    model = ExitBert(TINY, 3).eval()
+    batch = batch_of()
+    exits = model.exit_logits(**batch)
+    assert [tuple(z.shape) for z in exits] == [(2, 3)] * 3
+    torch.testing.assert_close(model(**batch), ensemble_logits(exits))
+    hidden = model.bert(**batch, output_hidden_states=True).hidden_states
+    head = model.exits[1]
+    assert isinstance(head, ExitHead)
+    torch.testing.assert_close(exits[1], head(masked_mean(hidden[2], batch["attention_mask"])))
+
+
+def test_the_word_embeddings_stay_frozen_and_out_of_the_trainable_layout() -> None:
+    model = ExitBert(TINY, 1)
+    assert not model.bert.embeddings.word_embeddings.weight.requires_grad
+    layout = exit_bert_layout(TINY, 2)
+    placed = {p.name: (p.layer, p.role, p.trainable) for p in layout}
+    assert placed[WORD_EMBEDDINGS] == (0, "shared", False)
+    assert placed["bert.encoder.layer.1.output.dense.weight"] == (2, "shared", True)
+    assert placed["exits.1.classifier.weight"] == (2, "head", True)
+    assert list(layout.names()) == [k for k, _ in ExitBert(TINY, 2).named_parameters()]
+
+
+def test_the_initial_state_takes_the_checkpoints_encoder_and_pooler_for_every_exit() -> None:
+    spec = TransformerSpec(num_labels=2)  # the embedded MiniLM-L6
+    state = exit_bert_initial_state(spec, 2, seed=0)
+    pretrained = dict(build_model(spec, 2, pretrained=True).named_parameters())
+    for name in ("bert.embeddings.word_embeddings.weight", "bert.encoder.layer.1.output.dense.weight"):
+        torch.testing.assert_close(state[name], pretrained[name].detach())
+    for i in (0, 1):
+        torch.testing.assert_close(state[f"exits.{i}.pooler.dense.weight"], pretrained["bert.pooler.dense.weight"])
+    again = exit_bert_initial_state(spec, 2, seed=0)
+    torch.testing.assert_close(state["exits.1.classifier.weight"], again["exits.1.classifier.weight"])
+    assert list(state) == exit_bert_layout(spec, 2).names()
+
+
+def test_the_transformer_catalog_counts_each_variants_exits() -> None:
+    catalog = exit_bert_catalog(TINY, [("weak", 1), ("strong", 3)], batch_size=4, seq_len=16, optimizer="adamw")
+    weak, strong = catalog.variants
+    assert (weak.depth, strong.depth, strong.extra["exits"]) == (1, 3, 3)
+    assert strong.memory.total > weak.memory.total
+    assert strong.layout.num_params() > weak.layout.num_params()
+    with pytest.raises(ExitsError, match="strictly increasing"):
+        exit_bert_catalog(TINY, [("a", 2), ("b", 2)], batch_size=4, seq_len=16, optimizer="adamw")
