@@ -35,20 +35,27 @@ a classifier) after layer ``l``.  Encoder tensors keep the classifier's names
 (``bert.embeddings.*``, ``bert.encoder.layer.<i>.*``), exits are ``exits.<i>.{pooler.dense,
 classifier}.*``; :func:`exit_bert_initial_state` starts every exit's pooler from the checkpoint's
 pooler and seeds the classifiers (:func:`exit_bert_catalog` for the depth variants).
+
+:class:`ExitFamily` puts either behind :class:`models.family.ModelFamily`: the multi-exit depth
+variants of a conv net or a transformer, with the wrapped family's data and evaluation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from datasets import Dataset
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 from transformers import BertConfig, BertModel
 
 from models import transformer
 from models.catalog import Layout, Role, Variant, VariantCatalog, meta_layout
 from models.cnn import CONV, ConvBlock, estimate_memory
+from models.family import CNNFamily, TransformerFamily
 from models.transformer import TransformerSpec, build_model, layer_of, masked_mean, variant_config
 
 
@@ -353,3 +360,86 @@ def exit_bert_catalog(
         )
         variants.append(Variant(name=name, depth=depth, layout=layout, memory=memory, extra={"exits": depth}))
     return VariantCatalog(family=f"exits:{spec.source}", variants=tuple(variants))
+
+
+@dataclass(frozen=True)
+class ExitFamily:
+    """Multi-exit depth variants of HeteroFL's conv net or a BERT encoder (DepthFL's models).
+
+    Variants are built at their ``depth`` (:class:`ExitConvNet`, :class:`ExitBert`); data,
+    batches and evaluation (sBN for the conv net) are the wrapped family's.
+
+    Attributes
+    ----------
+    inner : CNNFamily or TransformerFamily
+        The family cut by depth (a conv net: ``name = "conv"``).
+
+    """
+
+    inner: CNNFamily | TransformerFamily
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inner, CNNFamily) and self.inner.name != CONV:
+            raise ExitsError(f"multi-exit models cut the {CONV!r} conv net or a transformer, not {self.inner.name!r}")
+
+    @property
+    def data_kind(self) -> str:
+        """The wrapped family's input kind."""
+        return self.inner.data_kind
+
+    def build(self, variant: Variant) -> nn.Module:
+        """The variant's model at its ``depth`` (random initialization)."""
+        return self.at_depth(variant.depth)
+
+    def at_depth(self, depth: int) -> nn.Module:
+        """The multi-exit model with ``depth`` blocks (layers) and as many exits."""
+        inner = self.inner
+        if isinstance(inner, CNNFamily):
+            return ExitConvNet(depth, in_channels=inner.in_channels, num_classes=inner.num_classes, base=inner.base)
+        return ExitBert(inner.spec, depth)
+
+    def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
+        """One deepest model's weights (seeded; the transformer's from its checkpoint), each variant its prefix."""
+        depth = catalog.largest.depth
+        if isinstance(self.inner, TransformerFamily):
+            full = exit_bert_initial_state(self.inner.spec, depth, seed=seed)
+        else:
+            torch.manual_seed(seed)
+            full = {k: v.detach().clone() for k, v in self.at_depth(depth).state_dict().items()}
+        return {v.name: {n: full[n] for n in v.layout.names()} for v in catalog}
+
+    def width_rules(self, catalog: VariantCatalog) -> dict[str, tuple[str | None, ...]]:
+        """Multi-exit variants differ in depth, never in width."""
+        raise ExitsError("multi-exit depth variants have no width groups")
+
+    def loader(
+        self, ds: Dataset, *, batch_size: int, shuffle: bool, seed: int = 0, domain: str = "plain"
+    ) -> DataLoader:
+        """The wrapped family's batches."""
+        return self.inner.loader(ds, batch_size=batch_size, shuffle=shuffle, seed=seed, domain=domain)
+
+    @property
+    def uses_statistics(self) -> bool:
+        """Whether evaluation re-estimates normalization statistics (the conv net's sBN)."""
+        return self.inner.uses_statistics
+
+    def for_evaluation(self, model: nn.Module, stats: DataLoader | None) -> nn.Module:
+        """The wrapped family's evaluation model (sBN statistics for the conv net)."""
+        return self.inner.for_evaluation(model, stats)
+
+    def catalog(
+        self, tiers: Sequence[tuple[str, int]], *, batch_size: int, optimizer: str, seq_len: int, image_size: int
+    ) -> VariantCatalog:
+        """The depth variants of ``tiers`` (``(name, depth)``, shallowest first) with memory estimates."""
+        inner = self.inner
+        if isinstance(inner, TransformerFamily):
+            return exit_bert_catalog(inner.spec, tiers, batch_size=batch_size, seq_len=seq_len, optimizer=optimizer)
+        return exit_conv_catalog(
+            tiers,
+            in_channels=inner.in_channels,
+            num_classes=inner.num_classes,
+            image_size=image_size,
+            batch_size=batch_size,
+            base=inner.base,
+            optimizer=optimizer,
+        )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from models.cnn import ConvNet, recompute_bn_statistics
 from models.exits import (
     ExitBert,
     ExitConvNet,
+    ExitFamily,
     ExitHead,
     ExitsError,
     ensemble_logits,
@@ -19,6 +21,7 @@ from models.exits import (
     exit_conv_layout,
     exit_conv_place,
 )
+from models.family import CNNFamily, ModelFamily, TransformerFamily
 from models.transformer import WORD_EMBEDDINGS, TransformerSpec, build_model, masked_mean
 
 BASE = (2, 4, 8)
@@ -162,3 +165,42 @@ def test_the_transformer_catalog_counts_each_variants_exits() -> None:
     assert strong.layout.num_params() > weak.layout.num_params()
     with pytest.raises(ExitsError, match="strictly increasing"):
         exit_bert_catalog(TINY, [("a", 2), ("b", 2)], batch_size=4, seq_len=16, optimizer="adamw")
+
+
+# --- the family -------------------------------------------------------------------------------
+
+CONV_FAMILY = CNNFamily(name="conv", base=BASE, in_channels=1, num_classes=3)
+
+
+@pytest.mark.parametrize(
+    "family", [ExitFamily(CONV_FAMILY), ExitFamily(TransformerFamily(TINY))], ids=["conv", "transformer"]
+)
+def test_every_variant_starts_from_a_prefix_of_one_deepest_model(family: ExitFamily) -> None:
+    as_family: ModelFamily = family  # the protocol the apps use
+    catalog = family.catalog([("weak", 1), ("strong", 3)], batch_size=2, optimizer="sgd", seq_len=8, image_size=8)
+    states = as_family.initial_states(catalog, seed=3)
+    weak, strong = states["weak"], states["strong"]
+    assert list(weak) == catalog.get("weak").layout.names()
+    assert all(torch.equal(t, strong[k]) for k, t in weak.items())
+    model = as_family.build(catalog.get("weak"))
+    model.load_state_dict(weak, strict=False)
+    assert isinstance(model, ExitBert | ExitConvNet) and model.exits is not None
+    again = family.initial_states(catalog, seed=3)["strong"]
+    assert all(torch.equal(t, again[k]) for k, t in strong.items())
+
+
+def test_the_conv_family_evaluates_with_static_batch_norm_statistics_and_has_no_widths() -> None:
+    family = ExitFamily(CONV_FAMILY)
+    assert family.uses_statistics and family.data_kind == "image"
+    model = family.at_depth(2)
+    stats = DataLoader([{"x": torch.randn(4, 1, 8, 8), "labels": torch.zeros(4)}], batch_size=None)
+    evaluated = family.for_evaluation(model, stats)
+    assert evaluated is not model and not evaluated.training
+    catalog = family.catalog([("a", 1)], batch_size=2, optimizer="sgd", seq_len=8, image_size=8)
+    with pytest.raises(ExitsError, match="no width groups"):
+        family.width_rules(catalog)
+
+
+def test_only_the_conv_net_or_a_transformer_is_cut_into_exits() -> None:
+    with pytest.raises(ExitsError, match="not 'preresnet18'"):
+        ExitFamily(CNNFamily(name="preresnet18", base=BASE, in_channels=1, num_classes=3))
