@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from models.cnn import ConvNet, recompute_bn_statistics
 from models.exits import (
@@ -189,11 +189,21 @@ def test_every_variant_starts_from_a_prefix_of_one_deepest_model(family: ExitFam
     assert all(torch.equal(t, again[k]) for k, t in strong.items())
 
 
+class OneBatch(Dataset[dict[str, torch.Tensor]]):
+    """One batch of four 8x8 images, as a loader of training batches yields it."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(4, 1, 8, 8), "labels": torch.zeros(4, dtype=torch.long)}
+
+
 def test_the_conv_family_evaluates_with_static_batch_norm_statistics_and_has_no_widths() -> None:
     family = ExitFamily(CONV_FAMILY)
     assert family.uses_statistics and family.data_kind == "image"
     model = family.at_depth(2)
-    stats = DataLoader([{"x": torch.randn(4, 1, 8, 8), "labels": torch.zeros(4)}], batch_size=None)
+    stats: DataLoader[dict[str, torch.Tensor]] = DataLoader(OneBatch(), batch_size=None)
     evaluated = family.for_evaluation(model, stats)
     assert evaluated is not model and not evaluated.training
     catalog = family.catalog([("a", 1)], batch_size=2, optimizer="sgd", seq_len=8, image_size=8)
