@@ -32,6 +32,7 @@ from experiment.config import RunConfig
 from experiment.protocol import (
     ARRAYS,
     CATALOG,
+    CONFIG,
     LAYERS,
     NUM_EXAMPLES,
     PROFILE,
@@ -49,7 +50,7 @@ from experiment.registry import ClientRole
 from models.catalog import Variant, choose_variant
 from models.data import DataSpec, load_partition
 from models.family import ModelFamily
-from models.training import evaluate_classifier, model_device, train_classifier, use_threads
+from models.training import evaluate_classifier, logits_and_loss, model_device, train_classifier, use_threads
 
 #: every message passes :func:`client.held.held_arrays_mod` first (arrays the node holds are not re-sent)
 app = ClientApp(mods=[held_arrays_mod])
@@ -267,7 +268,10 @@ def supervised_train(msg: Message, context: Context, task: TrainTask) -> Message
     loader, n_train = train_loader(context, cfg), num_train_examples(context, cfg)
     if loader.generator is not None:  # shuffling order: a function of the round too
         loader.generator.manual_seed(seed)
-    loss = train_classifier(model, loader, cfg.train_settings())
+    local_loss = cfg.entry.local_loss  # a method's own loss (DepthFL's exits), else the cross-entropy
+    config = record_of(msg.content, CONFIG, ConfigRecord)
+    loss_fn = logits_and_loss if local_loss is None else local_loss(cfg, config)
+    loss = train_classifier(model, loader, cfg.train_settings(), loss_fn=loss_fn)
     upload = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     metrics = {
         NUM_EXAMPLES: n_train,

@@ -43,5 +43,6 @@ def readers(methods: Iterable[str] | None = None, *, allowed: str = "") -> JsonD
 
 #: Image models: every family but the transformers.
 IMAGE_METHODS = methods_on("cnn", "architectures", "codist")
-#: Methods whose tiers can be widths: HeteroFL / FedRolex, and every method a CNN runs.
-WIDTH_TIER_METHODS = methods_where(lambda e: e.width_tiers or "cnn" in e.families)
+#: Methods whose tiers can be widths: HeteroFL / FedRolex, and every method a CNN runs with its
+#: own width variants (not one with models of its own, DepthFL's depths).
+WIDTH_TIER_METHODS = methods_where(lambda e: e.width_tiers or ("cnn" in e.families and e.family_hook is None))

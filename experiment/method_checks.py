@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from experiment.lists import split_list
 from experiment.method_settings import CodistGroup
 from models import cnn
+from models.family import parse_widths
 from models.transformer import full_config
 
 if TYPE_CHECKING:
@@ -68,4 +69,29 @@ def _pfedknow_student(cfg: RunConfig) -> None:
         raise ValueError(
             f"run config 'tier-layers': pFedKnow's student must be shallower than the teacher (the full "
             f"{full}-layer {cfg.model!r}); got {depths[0]}"
+        )
+
+
+def depthfl(cfg: RunConfig) -> None:
+    """DepthFL's tiers are depths of HeteroFL's ``conv`` CNN or a transformer: ``tier-layers``, increasing, in range.
+
+    The deepest possible model has ``len(cnn-widths)`` blocks (conv) or the checkpoint's encoder layers.
+    """
+    if cfg.image_data and cfg.model != cnn.CONV:
+        raise ValueError(
+            f"run config 'model': {cfg.method!r} cuts HeteroFL's 'conv' CNN or a transformer into depths with an exit "
+            f"after each block; got {cfg.model!r}"
+        )
+    depths = [int(x) for x in split_list(cfg.tier_layers, "tier-layers")]
+    if len(depths) != len(cfg.tier_names):
+        raise ValueError(f"run config 'tier-layers' has {len(depths)} entries but 'tiers' has {len(cfg.tier_names)}")
+    deepest = (
+        len(parse_widths(cfg.cnn_widths))
+        if cfg.image_data
+        else full_config(cfg.model, cfg.num_labels).num_hidden_layers
+    )
+    if depths != sorted(set(depths)) or depths[0] < 1 or depths[-1] > deepest:
+        raise ValueError(
+            f"run config 'tier-layers': {cfg.method!r} needs depths strictly increasing in 1 .. {deepest} "
+            f"(the model's {'blocks' if cfg.image_data else 'encoder layers'}), one per tier; got {depths}"
         )

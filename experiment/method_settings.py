@@ -308,7 +308,37 @@ class PFedKnowGroup(SettingsGroup):
 
 
 #: Every group, in the order the key reference lists them.
+#: The train message's config key of DepthFL's distillation weight of the round (``w_t``).
+DEPTHFL_ROUND_KD_WEIGHT = "depthfl-round-kd-weight"
+
+
+class DepthFLGroup(SettingsGroup):
+    """DepthFL's keys (Kim et al., ICLR 2023): the exits' mutual self-distillation and the holder weights."""
+
+    depthfl_kd_weight: float = Field(
+        1.0,
+        ge=0.0,
+        description="DepthFL's weight w of the mutual self-distillation among a client's exits (0 = DepthFL "
+        "without self-distillation).",
+    )
+    depthfl_kd_rampup_rounds: int = Field(
+        0,
+        ge=0,
+        description="DepthFL ramps the distillation weight up over this many rounds, w exp(-5 (1 - t/R)^2) "
+        "(0 = w from round 1; Flower's baseline uses 300).",
+    )
+    depthfl_temperature: float = Field(
+        1.0, gt=0.0, description="DepthFL's distillation temperature T (the KL terms are scaled by T^2)."
+    )
+    depthfl_uniform: bool = Field(
+        False,
+        description="DepthFL averages each layer over its holders with equal weights (Flower's baseline) instead "
+        "of by their example counts.",
+    )
+
+
 GROUPS: tuple[type[SettingsGroup], ...] = (
+    DepthFLGroup,
     CodistGroup,
     ServerTrainingGroup,
     FlexiFedGroup,
@@ -320,6 +350,7 @@ GROUPS: tuple[type[SettingsGroup], ...] = (
 
 
 class AllGroups(
+    DepthFLGroup,
     PFedKnowGroup,
     ServerAdamGroup,
     InclusiveFLGroup,

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from functools import partial
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from flwr.app import ConfigRecord
 
 from experiment import method_checks
 from experiment.method_settings import (
+    DEPTHFL_ROUND_KD_WEIGHT,
     CodistGroup,
+    DepthFLGroup,
     FlexiFedGroup,
     HeteroFLGroup,
     InclusiveFLGroup,
@@ -32,9 +37,14 @@ from experiment.method_settings import (
     ServerTrainingGroup,
     SettingsGroup,
 )
+from experiment.protocol import get_float
 from models import cnn
 from models.architectures import RESNET_BLOCKS, VGG_CONFIGS
+from models.catalog import VariantCatalog
 from models.codist import FAMILY as CODIST_MODEL
+from models.exits import ExitFamily, exits_logits_and_loss
+from models.family import CNNFamily, ModelFamily, TransformerFamily
+from models.training import LossFn
 
 #: Model families by what the ``model`` key names: a transformer encoder cut by depth (or width),
 #: one of HeteroFL's width-scaled CNNs, an architecture family (FlexiFed's VGGs / ResNets) or the
@@ -58,6 +68,25 @@ ARCH_FAMILIES: Mapping[str, tuple[str, ...]] = {"vgg": tuple(VGG_CONFIGS), "resn
 
 class UnknownMethod(ValueError):
     """The run config names a method the registry does not hold."""
+
+
+class FamilyMismatch(ValueError):
+    """A method's model hook got a family it cannot build its models from (its check should have said so)."""
+
+
+class MethodModels(ModelFamily, Protocol):
+    """A method's own model family over the run's (``MethodEntry.family_hook``): it makes the catalog too."""
+
+    def catalog(
+        self, tiers: Sequence[tuple[str, int]], *, batch_size: int, optimizer: str, seq_len: int, image_size: int
+    ) -> VariantCatalog:
+        """The variants of ``tiers`` (``(name, depth)``, weakest first) with their memory estimates."""
+        ...
+
+
+#: ``(run config, the train message's config) -> the loss`` a method's clients train on, where it is
+#: not the mean cross-entropy (``MethodEntry.local_loss``).
+LocalLoss = Callable[["RunConfig", ConfigRecord], LossFn]
 
 
 @dataclass(frozen=True)
@@ -103,6 +132,12 @@ class MethodEntry:
     check : callable, optional
         The method's own configuration check (:mod:`experiment.method_checks`), run after the
         checks every method shares; raises ``ValueError`` naming the key and the fix.
+    family_hook : callable, optional
+        For a method with models of its own (DepthFL's exits): ``run's family -> the method's``
+        (:class:`MethodModels`), which builds the variants and makes the catalog from ``tier-layers``.
+    local_loss : callable, optional
+        What the clients of a ``supervised`` method minimize when it is not the cross-entropy
+        (:data:`LocalLoss`; DepthFL: its exits' self-distillation with the round's weight).
 
     """
 
@@ -120,6 +155,8 @@ class MethodEntry:
     needs_family: str = ""
     settings: tuple[type[SettingsGroup], ...] = ()
     check: Callable[[RunConfig], None] | None = None
+    family_hook: Callable[[ModelFamily], MethodModels] | None = None
+    local_loss: LocalLoss | None = None
 
 
 _TEXT_OR_CNN: frozenset[FamilyKind] = frozenset({"transformer", "cnn"})
@@ -178,6 +215,19 @@ def _pfedknow(name: str, summary: str) -> MethodEntry:
         settings=(PFedKnowGroup, ServerTrainingGroup),
         check=method_checks.pfedknow,
     )
+
+
+def _exit_models(family: ModelFamily) -> MethodModels:
+    """DepthFL's models: the run's conv net or transformer cut into depths with an exit after each block."""
+    if not isinstance(family, CNNFamily | TransformerFamily):
+        raise FamilyMismatch(f"DepthFL cuts a conv net or a transformer, not {type(family).__name__}")
+    return ExitFamily(family)
+
+
+def _depthfl_loss(cfg: RunConfig, config: ConfigRecord) -> LossFn:
+    """The exits' mutual self-distillation at the round's weight ``w_t`` (from the server), ``depthfl-temperature``."""
+    temperature = cfg.settings_of(DepthFLGroup).depthfl_temperature
+    return partial(exits_logits_and_loss, weight=get_float(config, DEPTHFL_ROUND_KD_WEIGHT), temperature=temperature)
 
 
 _ENTRIES: tuple[MethodEntry, ...] = (
@@ -253,6 +303,16 @@ _ENTRIES: tuple[MethodEntry, ...] = (
     _pfedknow("pfedknow-as3", "pFedKnow ablation AS-3: no pretrained model (no teacher)"),
     _pfedknow("pfedknow-as4", "pFedKnow ablation AS-4: no pruning (dense uploads)"),
     _pfedknow("semifl", "SemiFL-style baseline: pseudo-labels kept at semifl-confidence, FedAvg, fine-tuning"),
+    MethodEntry(
+        "depthfl",
+        "DepthFL (Kim et al., ICLR 2023): depth sub-models with an exit per block, self-distillation among them",
+        "strategies.depthfl:build",
+        _TEXT_OR_CNN,
+        settings=(DepthFLGroup,),
+        check=method_checks.depthfl,
+        family_hook=_exit_models,
+        local_loss=_depthfl_loss,
+    ),
 )
 
 #: Every registered method by name, in registration order.

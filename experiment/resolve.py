@@ -85,7 +85,18 @@ class Experiment:
 
     @cached_property
     def family(self) -> ModelFamily:
-        """The model family the apps build variants from."""
+        """The model family the apps build variants from: the method's own (its entry's hook), else the model's."""
+        return self.method_models or self.model_family
+
+    @cached_property
+    def method_models(self) -> registry.MethodModels | None:
+        """The method's own models over the model's family (``MethodEntry.family_hook``; DepthFL's exits)."""
+        hook = self.entry.family_hook
+        return None if hook is None else hook(self.model_family)
+
+    @cached_property
+    def model_family(self) -> ModelFamily:
+        """The family the ``model`` key names."""
         cfg = self.cfg
         kind = cfg.family_kind
         if kind == "codist":
@@ -164,6 +175,11 @@ class Experiment:
         """
         cfg = self.cfg
         batch, optimizer, kind = cfg.batch_size, cfg.optimizer, cfg.family_kind
+        if self.method_models is not None:
+            return self.method_models.catalog(
+                cfg.tier_depths, batch_size=batch, optimizer=optimizer, seq_len=cfg.max_seq_len,
+                image_size=cfg.image_size,
+            )  # fmt: skip
         if kind == "codist":
             return codist_catalog(
                 [(t, t) for t in cfg.tier_names], in_channels=cfg.image_channels, num_classes=cfg.num_labels,

@@ -133,6 +133,25 @@ def self_distillation_loss(
     return loss
 
 
+def exits_logits_and_loss(
+    model: nn.Module, batch: dict[str, Tensor], *, weight: float, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """``(ensemble logits, self_distillation_loss)`` of one batch: the local loss of a multi-exit model.
+
+    Raises
+    ------
+    ExitsError
+        When ``model`` has no exits (no ``exit_logits``).
+
+    """
+    if not isinstance(model, ExitConvNet | ExitBert):
+        raise ExitsError(f"self-distillation among exits needs a multi-exit model, got {type(model).__name__}")
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    exits = model.exit_logits(**inputs)
+    loss = self_distillation_loss(exits, batch["labels"], weight=weight, temperature=temperature)
+    return ensemble_logits(exits), loss
+
+
 class ExitConvNet(nn.Module):
     """The first ``depth`` blocks of HeteroFL's conv net at full width, with an exit after each.
 

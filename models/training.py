@@ -11,7 +11,7 @@ batch follows it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import overload
 
@@ -132,14 +132,20 @@ def logits_and_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor,
     return logits, F.cross_entropy(logits, batch["labels"])
 
 
-def train_classifier(model: nn.Module, loader: DataLoader, settings: TrainSettings) -> float:
-    """Run local training; return the mean training loss."""
+#: ``(model, batch) -> (logits, loss)`` of one batch: what local training minimizes.
+LossFn = Callable[[nn.Module, dict[str, Tensor]], tuple[Tensor, Tensor]]
+
+
+def train_classifier(
+    model: nn.Module, loader: DataLoader, settings: TrainSettings, *, loss_fn: LossFn = logits_and_loss
+) -> float:
+    """Run local training on ``loss_fn`` (default: the mean cross-entropy); return the mean training loss."""
     model.train()
     device = model_device(model)
     opt = make_optimizer(model, settings.optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
     total, n = 0.0, 0
     for batch in _batches(loader, settings):
-        _, loss = logits_and_loss(model, batch_to(batch, device))
+        _, loss = loss_fn(model, batch_to(batch, device))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ hold tensor ``p`` and ``n_i`` their weights:
 (:func:`holder_mean`): a deep block is averaged over the few clients that reach it, a shallow
 one over all.  The weights are the clients' example counts (``uniform``: 1 each, the baseline's
 count weights).  The distillation weight of round ``t`` ramps up as
-``w_t = w exp(-5 (1 - min(t, R) / R)^2)`` (:func:`kd_weight`, the baseline's ``sigmoid_rampup``;
+``w_t = w exp(-5 (1 - min(t, R) / R)^2)`` (:func:`round_kd_weight`, the baseline's ``sigmoid_rampup``;
 ``R = 0``: ``w`` from the start) and is sent to the clients, so they need no schedule.
 
 Decisions where the paper leaves room: the server rule is FedAvg's (the paper pairs DepthFL with
@@ -27,17 +27,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Unpack
 
+from flwr.app import ArrayRecord
+from flwr.app.typing import ConfigRecordValues
 from torch import Tensor
 
+from experiment.method_settings import DEPTHFL_ROUND_KD_WEIGHT, DepthFLGroup
+from models.catalog import VariantCatalog
+from strategies.base import HeterogeneousStrategy
+from strategies.options import StrategyOptions
+from strategies.records import State
+from strategies.replies import Accepted
 from strategies.streaming import StreamingMean
+
+if TYPE_CHECKING:
+    from experiment.config import RunConfig
+    from experiment.registry import MethodEntry
 
 
 class DepthFLError(ValueError):
     """A DepthFL setting or sub-model is inconsistent with the global model."""
 
 
-def kd_weight(server_round: int, weight: float, rampup_rounds: int) -> float:
+def round_kd_weight(server_round: int, weight: float, rampup_rounds: int) -> float:
     r"""The distillation weight of round ``t``: ``w exp(-5 (1 - min(t, R)/R)^2)``, ``w`` when ``R = 0``.
 
     ``t`` is clipped to ``[0, R]`` (the baseline's ``sigmoid_rampup(t, R)``), so the weight
@@ -73,11 +86,11 @@ def prefix(global_state: Mapping[str, Tensor], names: Iterable[str]) -> dict[str
     return {n: global_state[n] for n in names}
 
 
-def holder_mean(previous: Mapping[str, Tensor], sums: StreamingMean) -> dict[str, Tensor]:
+def holder_mean(previous: Mapping[str, Tensor], means: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Each tensor's weighted mean over the replies that held it; the previous value where none did.
 
-    ``sums`` holds ``S_p = sum_{i in H(p)} n_i w_{i,p}`` and ``W_p = sum_{i in H(p)} n_i`` per
-    tensor (a :class:`~strategies.streaming.StreamingMean` over every reply, whatever its depth:
+    ``means[p] = sum_{i in H(p)} n_i w_{i,p} / sum_{i in H(p)} n_i`` for every tensor some reply
+    held (a :class:`~strategies.streaming.StreamingMean` over every reply, whatever its depth:
     its sums are per key, so one accumulator is exact).
 
     Raises
@@ -86,8 +99,104 @@ def holder_mean(previous: Mapping[str, Tensor], sums: StreamingMean) -> dict[str
         When a reply held a tensor the global model lacks.
 
     """
-    unknown = sorted(set(sums.sums) - set(previous))
+    unknown = sorted(set(means) - set(previous))
     if unknown:
         raise DepthFLError(f"replies hold tensors the global model lacks: {unknown[:5]}")
-    means = sums.mean()
     return {name: means.get(name, value) for name, value in previous.items()}
+
+
+class DepthFL(HeterogeneousStrategy):
+    """DepthFL's server: one deepest model; each depth gets its prefix; holder means (module docstring).
+
+    Parameters
+    ----------
+    kd_weight, kd_rampup_rounds : float, int
+        ``w`` and ``R`` of :func:`round_kd_weight`; each train message carries ``w_t``
+        (:data:`experiment.method_settings.DEPTHFL_ROUND_KD_WEIGHT`).
+    uniform : bool
+        Weight every holder 1 (Flower's baseline) instead of by its examples.
+    catalog, **options
+        The variants (depths, shallowest first) and the options every strategy shares.
+
+    """
+
+    GLOBAL = "global"
+
+    def __init__(
+        self,
+        *,
+        catalog: VariantCatalog,
+        kd_weight: float = 1.0,
+        kd_rampup_rounds: int = 0,
+        uniform: bool = False,
+        **options: Unpack[StrategyOptions],
+    ) -> None:
+        super().__init__(catalog=catalog, **options)
+        round_kd_weight(1, kd_weight, kd_rampup_rounds)  # the settings' checks, before round 1
+        self.kd_weight = kd_weight
+        self.kd_rampup_rounds = kd_rampup_rounds
+        self.uniform = uniform
+        self.full = catalog.largest
+
+    def initial_state(self, init: Mapping[str, Mapping[str, Tensor]]) -> State:
+        """One deepest model (:data:`GLOBAL`): every depth is its prefix."""
+        return {self.GLOBAL: dict(init[self.full.name])}
+
+    def check_state(self, state: State) -> None:
+        """Require exactly the deepest variant's tensors under :data:`GLOBAL`."""
+        if set(state) != {self.GLOBAL} or set(state[self.GLOBAL]) != set(self.full.layout.names()):
+            raise ValueError(f"DepthFL keeps one model of {self.full.name!r}'s layout under {self.GLOBAL!r}")
+
+    def variant_payload(self, node_id: int, variant: str) -> dict[str, Tensor]:
+        """The global model's prefix of ``variant``'s depth (:func:`prefix`)."""
+        return prefix(self.state[self.GLOBAL], self.catalog.get(variant).layout.names())
+
+    def encode_payload(
+        self, node_id: int, variant: str, kind: str, server_round: int
+    ) -> tuple[ArrayRecord, dict[str, ConfigRecordValues]]:
+        """The dense prefix, and with a train message the round's distillation weight ``w_t``."""
+        record, _ = super().encode_payload(node_id, variant, kind, server_round)
+        if kind != "train":
+            return record, {}
+        return record, {DEPTHFL_ROUND_KD_WEIGHT: round_kd_weight(server_round, self.kd_weight, self.kd_rampup_rounds)}
+
+    def _weight(self, num_examples: float, replies: int) -> float:
+        return float(replies) if self.uniform else num_examples
+
+    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
+        """Fold every reply, whatever its depth, into one per-tensor sum (:data:`GLOBAL`)."""
+        means.setdefault(self.GLOBAL, StreamingMean()).add(tensors, self._weight(float(entry.num_examples), 1))
+
+    def fold_group(
+        self,
+        variant: str,
+        tensors: Mapping[str, Tensor],
+        num_examples: float,
+        replies: int,
+        means: dict[str, StreamingMean],
+    ) -> None:
+        """A depth's coordinate-wise median stands for its replies in the one sum (their examples, or count)."""
+        means.setdefault(self.GLOBAL, StreamingMean()).add(tensors, self._weight(num_examples, replies))
+
+    def apply_round(
+        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
+    ) -> None:
+        """The holder means (:func:`holder_mean`); tensors no reply held keep their values."""
+        held = means.get(self.GLOBAL)
+        if held:
+            self.state[self.GLOBAL] = holder_mean(self.state[self.GLOBAL], held)
+
+    def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
+        """Each depth's prefix of the global model (its prediction: the ensemble of its exits)."""
+        return {v.name: [self.variant_payload(0, v.name)] for v in self.catalog}
+
+
+def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> DepthFL:
+    """DepthFL from the run config's ``depthfl-*`` keys (a registry factory)."""
+    own = cfg.settings_of(DepthFLGroup)
+    return DepthFL(
+        kd_weight=own.depthfl_kd_weight,
+        kd_rampup_rounds=own.depthfl_kd_rampup_rounds,
+        uniform=own.depthfl_uniform,
+        **options,
+    )

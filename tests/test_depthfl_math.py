@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models.exits import ExitsError, ensemble_logits, mutual_distillation, self_distillation_loss
-from strategies.depthfl import DepthFLError, holder_mean, kd_weight, prefix
+from strategies.depthfl import DepthFLError, holder_mean, prefix, round_kd_weight
 from strategies.streaming import StreamingMean
 
 # two exits, two classes, one example of class 0: p1 = (1/2, 1/2), p2 = (3/4, 1/4)
@@ -77,13 +77,13 @@ def test_unusable_exits_or_settings_raise_naming_the_problem(call: Callable[[], 
 
 
 def test_the_distillation_weight_ramps_up_over_r_rounds() -> None:
-    assert kd_weight(3, 1.5, 0) == 1.5
-    assert kd_weight(0, 2.0, 10) == pytest.approx(2.0 * math.exp(-5.0))
-    assert kd_weight(5, 2.0, 10) == pytest.approx(2.0 * math.exp(-1.25))
-    assert kd_weight(10, 2.0, 10) == 2.0
-    assert kd_weight(25, 2.0, 10) == 2.0
+    assert round_kd_weight(3, 1.5, 0) == 1.5
+    assert round_kd_weight(0, 2.0, 10) == pytest.approx(2.0 * math.exp(-5.0))
+    assert round_kd_weight(5, 2.0, 10) == pytest.approx(2.0 * math.exp(-1.25))
+    assert round_kd_weight(10, 2.0, 10) == 2.0
+    assert round_kd_weight(25, 2.0, 10) == 2.0
     with pytest.raises(DepthFLError, match="must be >= 0"):
-        kd_weight(1, 1.0, -1)
+        round_kd_weight(1, 1.0, -1)
 
 
 def test_each_tensor_is_averaged_over_its_holders_and_kept_where_nobody_held_it() -> None:
@@ -91,17 +91,15 @@ def test_each_tensor_is_averaged_over_its_holders_and_kept_where_nobody_held_it(
     sums = StreamingMean()
     sums.add({"blocks.0.w": torch.tensor([2.0, 4.0]), "blocks.1.w": torch.tensor([3.0])}, 1.0)  # depth 2
     sums.add({"blocks.0.w": torch.tensor([6.0, 8.0])}, 3.0)  # depth 1
-    out = holder_mean(previous, sums)
+    out = holder_mean(previous, sums.mean())
     torch.testing.assert_close(out["blocks.0.w"], torch.tensor([5.0, 7.0]))  # (1 x (2, 4) + 3 x (6, 8)) / 4
     torch.testing.assert_close(out["blocks.1.w"], torch.tensor([3.0]))  # its one holder
     assert out["exits.1.w"] is previous["exits.1.w"]  # nobody held it
 
 
 def test_a_reply_tensor_the_global_model_lacks_is_refused() -> None:
-    sums = StreamingMean()
-    sums.add({"blocks.9.w": torch.ones(1)}, 1.0)
     with pytest.raises(DepthFLError, match=r"blocks\.9\.w"):
-        holder_mean({"blocks.0.w": torch.zeros(1)}, sums)
+        holder_mean({"blocks.0.w": torch.zeros(1)}, {"blocks.9.w": torch.ones(1)})
 
 
 def test_a_sub_model_is_the_prefix_its_layout_names() -> None:

@@ -16,6 +16,7 @@ from experiment.registry import METHODS, FactoryNotFound, MethodEntry, UnknownMe
 from server.app import build_strategy
 from strategies.baselines import LocalTraining
 from strategies.codistill import CoDistillation
+from strategies.depthfl import DepthFL
 from strategies.flexifed import FlexiFed
 from strategies.heterofl import HeteroFL
 from strategies.inclusivefl import InclusiveFL
@@ -44,6 +45,7 @@ RUN_CONFIGS: dict[str, dict[str, object]] = {
         for m in ("codist-merged", "codist-periodic", "codist-fedavg")
     },
     **dict.fromkeys(PFEDKNOW_MODES, PFEDKNOW),
+    "depthfl": SMALL,
 }
 EXPECTED_CLASS = {
     "inclusivefl": InclusiveFL,
@@ -56,6 +58,7 @@ EXPECTED_CLASS = {
     **dict.fromkeys(("flexifed-basic", "flexifed-clustered", "flexifed-max", "clustered-fl", "standalone"), FlexiFed),
     **dict.fromkeys(("codist-merged", "codist-periodic", "codist-fedavg"), CoDistillation),
     **dict.fromkeys(PFEDKNOW_MODES, PFedKnow),
+    "depthfl": DepthFL,
 }
 
 
@@ -167,7 +170,12 @@ def test_the_configuration_checks_branch_on_entry_facts_not_method_names() -> No
     named = _string_constants(ROOT / "experiment" / "method_checks.py") & set(METHODS)
     assert not named, f"experiment/method_checks.py names methods {sorted(named)}"
     checked = {name for name, e in METHODS.items() if e.check is not None}
-    assert checked == {"codist-merged", "codist-periodic", *(n for n, e in METHODS.items() if e.client != "supervised")}
+    assert checked == {
+        "codist-merged",
+        "codist-periodic",
+        "depthfl",
+        *(n for n, e in METHODS.items() if e.client != "supervised"),
+    }
 
 
 def test_every_client_role_has_a_train_behaviour() -> None:
