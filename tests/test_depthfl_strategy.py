@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from experiment.config import ConfigError, RunConfig
 from experiment.method_settings import DEPTHFL_ROUND_KD_WEIGHT
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Variant, VariantCatalog
+from models.exits import ExitFamily
+from server.app import build_strategy
 from strategies.depthfl import DepthFL
 from tests.toy import reply, sent
 
@@ -96,3 +99,31 @@ def test_every_depth_is_evaluated_as_its_prefix_of_the_global_model() -> None:
 def test_a_negative_distillation_weight_is_refused_before_round_1() -> None:
     with pytest.raises(ValueError, match="must be >= 0"):
         DepthFL(catalog=CATALOG, kd_weight=-1.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model": "preresnet18"}, r"run config 'model': 'depthfl' cuts HeteroFL's 'conv' CNN"),
+        ({"model": "conv", "cnn-widths": "4:8:16:32", "tier-layers": "1:2:5"}, r"strictly increasing in 1 \.\. 4"),
+        ({"model": "tiny", "tier-layers": "2:4:7"}, r"strictly increasing in 1 \.\. 6"),
+        ({"model": "conv", "tier-layers": "1:2"}, "'tier-layers' has 2 entries but 'tiers' has 3"),
+    ],
+)
+def test_a_depth_the_model_does_not_have_fails_before_round_1_naming_the_key(
+    config: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_flower({**config, "method": "depthfl"})
+
+
+def test_the_factory_builds_depthfl_with_its_settings_over_the_exit_models() -> None:
+    cfg = RunConfig.model_validate(
+        {"model": "conv", "cnn-widths": "4:8", "tier-layers": "1:2", "tiers": "weak:strong", "tier-proportions": "1:1",
+         "tier-memory-mb": "auto", "num-labels": 10, "method": "depthfl", "depthfl-kd-weight": 0.5,
+         "depthfl-uniform": True}
+    )  # fmt: skip
+    s = build_strategy(cfg)
+    assert isinstance(s, DepthFL) and (s.kd_weight, s.uniform) == (0.5, True)
+    assert isinstance(cfg.family(), ExitFamily)
+    assert [v.layout.names()[-1] for v in s.catalog] == ["exits.0.bias", "exits.1.bias"]
