@@ -75,7 +75,8 @@ def _pfedknow_student(cfg: RunConfig) -> None:
 def depthfl(cfg: RunConfig) -> None:
     """DepthFL's tiers are depths of HeteroFL's ``conv`` CNN or a transformer: ``tier-layers``, increasing, in range.
 
-    The deepest possible model has ``len(cnn-widths)`` blocks (conv) or the checkpoint's encoder layers.
+    The deepest model has ``len(cnn-widths)`` blocks (conv) or the checkpoint's encoder layers; a
+    hub model whose configuration is not cached yet is checked when its catalog is built, at start.
     """
     if cfg.image_data and cfg.model != cnn.CONV:
         raise ValueError(
@@ -85,13 +86,17 @@ def depthfl(cfg: RunConfig) -> None:
     depths = [int(x) for x in split_list(cfg.tier_layers, "tier-layers")]
     if len(depths) != len(cfg.tier_names):
         raise ValueError(f"run config 'tier-layers' has {len(depths)} entries but 'tiers' has {len(cfg.tier_names)}")
-    deepest = (
-        len(parse_widths(cfg.cnn_widths))
-        if cfg.image_data
-        else full_config(cfg.model, cfg.num_labels).num_hidden_layers
-    )
+    what = "blocks" if cfg.image_data else "encoder layers"
+    try:
+        deepest = len(parse_widths(cfg.cnn_widths)) if cfg.image_data else _encoder_layers(cfg)
+    except (OSError, ValueError):  # a hub model not in the cache: its catalog says so at start
+        deepest = max(depths)
     if depths != sorted(set(depths)) or depths[0] < 1 or depths[-1] > deepest:
         raise ValueError(
             f"run config 'tier-layers': {cfg.method!r} needs depths strictly increasing in 1 .. {deepest} "
-            f"(the model's {'blocks' if cfg.image_data else 'encoder layers'}), one per tier; got {depths}"
+            f"(the model's {what}), one per tier; got {depths}"
         )
+
+
+def _encoder_layers(cfg: RunConfig) -> int:
+    return full_config(cfg.model, cfg.num_labels).num_hidden_layers
