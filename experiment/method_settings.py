@@ -307,11 +307,6 @@ class PFedKnowGroup(SettingsGroup):
     )
 
 
-#: Every group, in the order the key reference lists them.
-#: The train message's config key of DepthFL's distillation weight of the round (``w_t``).
-DEPTHFL_ROUND_KD_WEIGHT = "depthfl-round-kd-weight"
-
-
 class DepthFLGroup(SettingsGroup):
     """DepthFL's keys (Kim et al., ICLR 2023): the exits' mutual self-distillation and the holder weights."""
 
@@ -337,8 +332,8 @@ class DepthFLGroup(SettingsGroup):
     )
 
 
+#: Every group, in the order the key reference lists them.
 GROUPS: tuple[type[SettingsGroup], ...] = (
-    DepthFLGroup,
     CodistGroup,
     ServerTrainingGroup,
     FlexiFedGroup,
@@ -346,6 +341,7 @@ GROUPS: tuple[type[SettingsGroup], ...] = (
     InclusiveFLGroup,
     ServerAdamGroup,
     PFedKnowGroup,
+    DepthFLGroup,
 )
 
 

@@ -49,6 +49,9 @@ METRICS: Final = "metrics"
 VARIANT: Final = "variant"
 SERVER_ROUND: Final = "server-round"
 
+#: DepthFL's distillation weight of the round, ``w_t`` (a train message's ``CONFIG``).
+DEPTHFL_ROUND_KD_WEIGHT: Final = "depthfl-round-kd-weight"
+
 # --- reply metric keys (METRICS) ---------------------------------------------------------------
 NUM_EXAMPLES: Final = "num-examples"
 TRAIN_LOSS: Final = "train-loss"

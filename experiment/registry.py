@@ -26,7 +26,6 @@ from flwr.app import ConfigRecord
 
 from experiment import method_checks
 from experiment.method_settings import (
-    DEPTHFL_ROUND_KD_WEIGHT,
     CodistGroup,
     DepthFLGroup,
     FlexiFedGroup,
@@ -37,7 +36,7 @@ from experiment.method_settings import (
     ServerTrainingGroup,
     SettingsGroup,
 )
-from experiment.protocol import get_float
+from experiment.protocol import DEPTHFL_ROUND_KD_WEIGHT, get_float
 from models import cnn
 from models.architectures import RESNET_BLOCKS, VGG_CONFIGS
 from models.catalog import VariantCatalog

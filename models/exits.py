@@ -18,7 +18,8 @@ batch``); the baseline adds ``1e-7`` to the teacher's probabilities before its l
 module takes the log-softmax instead (the same value up to that epsilon, without its bias).
 
 Prediction is the ensemble of the exits: the mean of their logits (:func:`ensemble_logits`, the
-baseline's ``test``).
+baseline's ``test``).  A DepthFL client's reported ``train-loss`` is ``L`` above: a sum over its
+exits, so it grows with depth and is not a cross-entropy comparable with other methods'.
 
 Models
 ------
@@ -72,12 +73,17 @@ def ensemble_logits(logits: Sequence[Tensor]) -> Tensor:
         When ``logits`` is empty or the exits' shapes differ.
 
     """
+    check_exits(logits)
+    return torch.stack(list(logits)).mean(dim=0)
+
+
+def check_exits(logits: Sequence[Tensor]) -> None:
+    """Raise :class:`ExitsError` when there is no exit or the exits' logits differ in shape."""
     if not logits:
         raise ExitsError("a multi-exit model needs at least one exit")
     shapes = {tuple(z.shape) for z in logits}
     if len(shapes) != 1:
         raise ExitsError(f"every exit must give logits of one shape, got {sorted(shapes)}")
-    return torch.stack(list(logits)).mean(dim=0)
 
 
 def mutual_distillation(logits: Sequence[Tensor], *, temperature: float = 1.0) -> Tensor:
@@ -91,7 +97,7 @@ def mutual_distillation(logits: Sequence[Tensor], *, temperature: float = 1.0) -
     if k < 2:
         return logits[0].new_zeros(()) if logits else torch.zeros(())
     students = [F.log_softmax(z / temperature, dim=-1) for z in logits]
-    teachers = [F.log_softmax(z.detach() / temperature, dim=-1) for z in logits]
+    teachers = [s.detach() for s in students]
     total = logits[0].new_zeros(())
     for i, student in enumerate(students):
         for j, teacher in enumerate(teachers):
@@ -124,7 +130,7 @@ def self_distillation_loss(
         No exits, exits of different shapes, ``w < 0`` or ``T <= 0``.
 
     """
-    ensemble_logits(logits)  # the shape checks
+    check_exits(logits)
     if weight < 0:
         raise ExitsError(f"the distillation weight must be >= 0, got {weight}")
     loss = sum((F.cross_entropy(z, labels) for z in logits), start=logits[0].new_zeros(()))
@@ -283,6 +289,10 @@ class ExitBert(nn.Module):
         self.pooling = spec.pooling
         self.bert = BertModel(config, add_pooling_layer=False)
         self.exits = nn.ModuleList(ExitHead(config, spec.num_labels) for _ in range(depth))
+        for layer in self.exits.modules():  # BERT's initialization of its own pooler and classifier
+            if isinstance(layer, nn.Linear):
+                nn.init.normal_(layer.weight, std=config.initializer_range)
+                nn.init.zeros_(layer.bias)
         if spec.freeze_word_embeddings:
             self.bert.embeddings.word_embeddings.weight.requires_grad_(False)
 

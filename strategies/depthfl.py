@@ -14,9 +14,10 @@ hold tensor ``p`` and ``n_i`` their weights:
 
 (:func:`holder_mean`): a deep block is averaged over the few clients that reach it, a shallow
 one over all.  The weights are the clients' example counts (``uniform``: 1 each, the baseline's
-count weights).  The distillation weight of round ``t`` ramps up as
-``w_t = w exp(-5 (1 - min(t, R) / R)^2)`` (:func:`round_kd_weight`, the baseline's ``sigmoid_rampup``;
-``R = 0``: ``w`` from the start) and is sent to the clients, so they need no schedule.
+count weights).  The distillation weight of round ``t`` (1-based) ramps up as
+``w_t = w exp(-5 (1 - min(t - 1, R) / R)^2)`` (:func:`round_kd_weight` of ``t - 1``, the baseline's
+``sigmoid_rampup(curr_round - 1, R)``: ``w e^{-5}`` in round 1, ``w`` from round ``R + 1``; ``R = 0``:
+``w`` from the start) and is sent to the clients, so they need no schedule.
 
 Decisions where the paper leaves room: the server rule is FedAvg's (the paper pairs DepthFL with
 FedDyn, which is not implemented here); exits are one pooled linear layer on the CNN and a pooler
@@ -33,7 +34,8 @@ from flwr.app import ArrayRecord
 from flwr.app.typing import ConfigRecordValues
 from torch import Tensor
 
-from experiment.method_settings import DEPTHFL_ROUND_KD_WEIGHT, DepthFLGroup
+from experiment.method_settings import DepthFLGroup
+from experiment.protocol import DEPTHFL_ROUND_KD_WEIGHT
 from models.catalog import VariantCatalog
 from strategies.base import HeterogeneousStrategy
 from strategies.options import StrategyOptions
@@ -50,11 +52,11 @@ class DepthFLError(ValueError):
     """A DepthFL setting or sub-model is inconsistent with the global model."""
 
 
-def round_kd_weight(server_round: int, weight: float, rampup_rounds: int) -> float:
-    r"""The distillation weight of round ``t``: ``w exp(-5 (1 - min(t, R)/R)^2)``, ``w`` when ``R = 0``.
+def round_kd_weight(step: int, weight: float, rampup_rounds: int) -> float:
+    r"""The distillation weight after ``s`` rounds: ``w exp(-5 (1 - min(s, R)/R)^2)``, ``w`` when ``R = 0``.
 
-    ``t`` is clipped to ``[0, R]`` (the baseline's ``sigmoid_rampup(t, R)``), so the weight
-    rises from ``w e^{-5}`` at ``t = 0`` to ``w`` at ``t >= R``.
+    ``s`` is clipped to ``[0, R]`` (the baseline's ``sigmoid_rampup(s, R)``), so the weight rises
+    from ``w e^{-5}`` at ``s = 0`` (round 1) to ``w`` at ``s >= R``.
 
     Raises
     ------
@@ -66,7 +68,7 @@ def round_kd_weight(server_round: int, weight: float, rampup_rounds: int) -> flo
         raise DepthFLError(f"kd weight and ramp-up rounds must be >= 0, got {weight} and {rampup_rounds}")
     if rampup_rounds == 0:
         return weight
-    phase = 1.0 - min(max(server_round, 0), rampup_rounds) / rampup_rounds
+    phase = 1.0 - min(max(step, 0), rampup_rounds) / rampup_rounds
     return weight * math.exp(-5.0 * phase * phase)
 
 
@@ -112,7 +114,7 @@ class DepthFL(HeterogeneousStrategy):
     ----------
     kd_weight, kd_rampup_rounds : float, int
         ``w`` and ``R`` of :func:`round_kd_weight`; each train message carries ``w_t``
-        (:data:`experiment.method_settings.DEPTHFL_ROUND_KD_WEIGHT`).
+        (:data:`experiment.protocol.DEPTHFL_ROUND_KD_WEIGHT`).
     uniform : bool
         Weight every holder 1 (Flower's baseline) instead of by its examples.
     catalog, **options
@@ -132,7 +134,7 @@ class DepthFL(HeterogeneousStrategy):
         **options: Unpack[StrategyOptions],
     ) -> None:
         super().__init__(catalog=catalog, **options)
-        round_kd_weight(1, kd_weight, kd_rampup_rounds)  # the settings' checks, before round 1
+        round_kd_weight(0, kd_weight, kd_rampup_rounds)  # the settings' checks, before round 1
         self.kd_weight = kd_weight
         self.kd_rampup_rounds = kd_rampup_rounds
         self.uniform = uniform
@@ -154,14 +156,19 @@ class DepthFL(HeterogeneousStrategy):
     def encode_payload(
         self, node_id: int, variant: str, kind: str, server_round: int
     ) -> tuple[ArrayRecord, dict[str, ConfigRecordValues]]:
-        """The dense prefix, and with a train message the round's distillation weight ``w_t``."""
+        """The dense prefix, and with a train message the round's distillation weight ``w_t`` (module docstring)."""
         record, _ = super().encode_payload(node_id, variant, kind, server_round)
         if kind != "train":
             return record, {}
-        return record, {DEPTHFL_ROUND_KD_WEIGHT: round_kd_weight(server_round, self.kd_weight, self.kd_rampup_rounds)}
+        w_t = round_kd_weight(server_round - 1, self.kd_weight, self.kd_rampup_rounds)
+        return record, {DEPTHFL_ROUND_KD_WEIGHT: w_t}
 
     def _weight(self, num_examples: float, replies: int) -> float:
         return float(replies) if self.uniform else num_examples
+
+    def folds_rebuildable(self) -> bool:
+        """The one sum is the round's ``means``: dropped and rebuilt like the base fold's."""
+        return True
 
     def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
         """Fold every reply, whatever its depth, into one per-tensor sum (:data:`GLOBAL`)."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from experiment.config import ConfigError, RunConfig
-from experiment.method_settings import DEPTHFL_ROUND_KD_WEIGHT
+from experiment.protocol import DEPTHFL_ROUND_KD_WEIGHT
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Variant, VariantCatalog
 from models.exits import ExitFamily
 from server.app import build_strategy
@@ -84,7 +84,8 @@ def test_a_tensor_no_reply_held_keeps_its_value() -> None:
 def test_a_train_message_carries_the_rounds_distillation_weight_and_an_evaluation_none() -> None:
     s = strategy(kd_weight=2.0, kd_rampup_rounds=10)
     _, train_keys = s.encode_payload(1, "weak", "train", 5)
-    assert train_keys[DEPTHFL_ROUND_KD_WEIGHT] == pytest.approx(2.0 * math.exp(-1.25))
+    assert train_keys[DEPTHFL_ROUND_KD_WEIGHT] == pytest.approx(2.0 * math.exp(-5 * 0.6**2))  # 4 rounds of 10 ramped
+    assert s.encode_payload(1, "weak", "train", 1)[1][DEPTHFL_ROUND_KD_WEIGHT] == pytest.approx(2.0 * math.exp(-5))
     assert s.encode_payload(1, "weak", "evaluate", 5)[1] == {}
 
 
