@@ -62,7 +62,7 @@ def _pfedknow_student(cfg: RunConfig) -> None:
             f"got {cfg.tier_layers!r}"
         )
     try:
-        full = full_config(cfg.model, cfg.num_labels).num_hidden_layers
+        full = _encoder_layers(cfg)
     except (OSError, ValueError) as exc:
         raise ValueError(f"run config 'model': cannot read {cfg.model!r}'s configuration ({exc})") from None
     if not int(depths[0]) < full:
@@ -99,4 +99,5 @@ def depthfl(cfg: RunConfig) -> None:
 
 
 def _encoder_layers(cfg: RunConfig) -> int:
+    """The full-depth encoder layers of the transformer ``model`` names (its configuration; may need the hub)."""
     return full_config(cfg.model, cfg.num_labels).num_hidden_layers
