@@ -10,7 +10,15 @@ hard-coded; this entry point runs Flower's own ``flower-supernode`` unchanged ex
 * every sleep of that module lasts at most ``HETFL_SUPERNODE_IDLE_S`` seconds (default
   :data:`IDLE_S`; ``3`` restores Flower's idle loop), and
 * the SuperNode's pulls of a message's objects from the SuperLink retry with the ClientApps'
-  short backoff (:func:`client.warm.quick_pull_retries`, ``HETFL_PULL_BACKOFF_S``).
+  short backoff (:func:`client.warm.quick_pull_retries`, ``HETFL_PULL_BACKOFF_S``), and
+* an ``INTERNAL`` error of the SuperLink is retried, as Flower retries ``UNAVAILABLE``, for up
+  to :data:`TRANSIENT_PATIENCE_S` since the SuperNode's last successful call
+  (:class:`TransientErrorRetry`).  Flower 1.39's SuperLink answers ``INTERNAL`` for any
+  unexpected exception inside a request, and on a loaded host that includes SQLite's
+  ``database is locked`` once a write waited past its 5 s busy timeout; Flower's SuperNode
+  gives up at the first one and exits, so one slow moment of the SuperLink's disk removed a
+  node from every later round (the chaos suite on CI, 2026-11-27: a ``PullMessages`` of node
+  ``weak-0`` got it, the node exited, the run waited for it until its timeout).
 
 The price is requests: an idle SuperNode asks the SuperLink for a message every
 ``HETFL_SUPERNODE_IDLE_S`` seconds instead of every 3 s (a device operator with many nodes per
@@ -24,13 +32,17 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from client.warm import pull_backoff, quick_pull_retries
 
 IDLE_ENV = "HETFL_SUPERNODE_IDLE_S"
+#: How long an ``INTERNAL`` error of the SuperLink is retried since the last successful call, seconds.
+TRANSIENT_PATIENCE_S = 300.0
 #: Longest idle sleep of the SuperNode's loop, seconds (Flower's: 3 s; 0.5 s while awaiting a reply).
 IDLE_S = 0.2
 
@@ -98,11 +110,85 @@ def log_pull_times(module: Any) -> None:
     module.pull_objects = pull_objects
 
 
+def is_internal_error(err: BaseException) -> bool:
+    """Whether ``err`` is a gRPC error with status ``INTERNAL`` (the SuperLink failed inside a request)."""
+    import grpc
+
+    code = getattr(err, "code", None)
+    return isinstance(err, grpc.RpcError) and callable(code) and code() == grpc.StatusCode.INTERNAL
+
+
+class TransientErrorRetry:
+    """A retry rule: ``INTERNAL`` errors are retried while the errors began at most ``patience_s`` ago.
+
+    ``should_giveup(err)`` answers Flower's rule (``give_up``) for every other error.  For an
+    ``INTERNAL`` one it answers "retry" while ``clock() - first <= patience_s``, where ``first``
+    is when the current run of errors began (the first error after the last success,
+    :meth:`succeeded`), and Flower's answer afterwards: a SuperLink that fails every request
+    for that long is broken, not busy, and the SuperNode exits as Flower's does.
+    """
+
+    def __init__(
+        self, give_up: Callable[[Exception], bool], patience_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.give_up = give_up
+        self.patience_s = patience_s
+        self.clock = clock
+        self.failing_since: float | None = None
+        self._lock = threading.Lock()
+
+    def should_giveup(self, err: Exception) -> bool:
+        """Flower's ``should_giveup``, except for an ``INTERNAL`` error within the patience."""
+        if is_internal_error(err):
+            now = self.clock()
+            with self._lock:
+                if self.failing_since is None:
+                    self.failing_since = now
+                waited = now - self.failing_since
+            if waited <= self.patience_s:
+                from logging import WARNING
+
+                from flwr.common import log
+
+                log(WARNING, "[client.supernode] the SuperLink failed a request (INTERNAL, failing for %.0f s "
+                    "of at most %.0f s): retrying", waited, self.patience_s)  # fmt: skip
+                return False
+        return self.give_up(err)
+
+    def succeeded(self, *_: object) -> None:
+        """A call went through: the next error begins a new run of errors."""
+        with self._lock:
+            self.failing_since = None
+
+
+def retry_transient_errors(module: Any, patience_s: float = TRANSIENT_PATIENCE_S) -> None:
+    """Make the SuperNode's Fleet connection (``module``'s retry invoker) retry ``INTERNAL`` errors."""
+    make = module._make_fleet_connection_retry_invoker
+
+    @functools.wraps(make)
+    def make_fleet_connection_retry_invoker(*args: Any, **kwargs: Any) -> Any:
+        invoker = make(*args, **kwargs)
+        rule = TransientErrorRetry(invoker.should_giveup or (lambda _err: False), patience_s)
+        on_success = invoker.on_success
+
+        def succeeded(state: Any) -> None:
+            rule.succeeded()
+            if on_success is not None:
+                on_success(state)
+
+        invoker.should_giveup, invoker.on_success = rule.should_giveup, succeeded
+        return invoker
+
+    vars(module)["_make_fleet_connection_retry_invoker"] = make_fleet_connection_retry_invoker
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m client.supernode [flower-supernode args]``."""
+    import flwr.supernode.start_client_internal as supernode
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     shorten_waits(idle_seconds(), pull_backoff())
+    retry_transient_errors(supernode)
     sys.argv = ["flower-supernode", *(sys.argv[1:] if argv is None else argv)]
     flower_supernode()
     return 0

@@ -364,6 +364,9 @@ class ChaosCluster:
                 raise ChaosError(f"run {name!r} failed (`flwr run` exit {procs['run'].returncode}):\n{output[-3000:]}")
             if procs["superlink"].poll() is not None:
                 raise ChaosError(f"the SuperLink exited ({procs['superlink'].returncode}) during run {name!r}")
+            exited = [f"{n} ({procs[n].returncode})" for n in self.names if procs[n].poll() is not None]
+            if exited:  # the run waits for every node: it would stall to its timeout
+                raise ChaosError(f"SuperNodes exited during run {name!r}: {exited}\n{self.stall()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run {name!r}: round {rounds} not written after {timeout:.0f} s\n{self.stall()}")
             time.sleep(0.5)

@@ -110,13 +110,30 @@ def supernode_command(
 def write_connection(
     home: Path, name: str, ports: Ports, *, root_certificates: Path | None = None, host: str = "127.0.0.1"
 ) -> None:
-    """Write a ``[superlink.<name>]`` connection to ``$FLWR_HOME/config.toml``."""
+    """Write a ``[superlink.<name>]`` connection to ``$FLWR_HOME/config.toml``, replacing one of that name.
+
+    Writing it twice (a cluster started again on the same home) leaves one table: a second
+    ``[superlink.<name>]`` would make the file invalid TOML, and every ``flwr`` command after it fail.
+    """
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "config.toml"
-    text = cfg.read_text() if cfg.exists() else ""
+    text = without_table(cfg.read_text() if cfg.exists() else "", f"superlink.{name}")
     text += f'\n[superlink.{name}]\naddress = "{host}:{ports.control}"\n'
     text += f'root-certificates = "{root_certificates}"\n' if root_certificates else "insecure = true\n"
     cfg.write_text(text)
+
+
+def without_table(text: str, table: str) -> str:
+    """``text`` (TOML) without the table ``[table]``: its header line and every line up to the next header."""
+    out: list[str] = []
+    inside = False
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped == f"[{table}]"
+        if not inside:
+            out.append(line)
+    return "".join(out).rstrip("\n") + ("\n" if out else "")
 
 
 def wait_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> None:
