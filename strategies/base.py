@@ -499,10 +499,12 @@ class HeterogeneousStrategy(Strategy):
     def folds_rebuildable(self) -> bool:
         """Whether :meth:`fold_reply` writes only sums that :meth:`reset_folds` drops.
 
-        True for the base fold (the round-local ``means``); a subclass that folds into sums of
-        its own overrides this, :meth:`folds_finite` and :meth:`reset_folds` together.
+        True for the base fold (the round-local ``means``).  A subclass whose :meth:`fold_reply`
+        keeps replies anywhere else answers for itself: False where they outlive the round
+        (:class:`strategies.baselines.LocalTraining`'s node models, pFedKnow's kept uploads), or
+        True with :meth:`folds_finite` and :meth:`reset_folds` over its own sums.
         """
-        return type(self).fold_reply is HeterogeneousStrategy.fold_reply
+        return True
 
     def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
         """Whether the round's sums so far hold no NaN or Inf."""

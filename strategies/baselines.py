@@ -98,6 +98,10 @@ class LocalTraining(PerNodeModels):
         """Store the node's returned weights as its model."""
         self.keep_node_model(entry.sent, tensors)
 
+    def folds_rebuildable(self) -> bool:
+        """False: a reply becomes its node's model as it is folded, not a round sum to rebuild."""
+        return False
+
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
     ) -> None:

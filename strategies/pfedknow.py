@@ -456,6 +456,10 @@ class PFedKnow(HeterogeneousStrategy):
         key = self.node_key(entry.sent.node_id)
         self._uploads.append(Upload(key, entry.sent.node_id, dict(tensors), dict(entry.masks), entry.num_examples))
 
+    def folds_rebuildable(self) -> bool:
+        """False: the kept uploads are checked one by one (a reply's finiteness, not a sum's)."""
+        return False
+
     def reset_folds(self) -> None:
         """Drop the round's kept uploads."""
         self._uploads = []
