@@ -57,6 +57,7 @@ from models import transformer
 from models.catalog import Layout, Role, Variant, VariantCatalog, meta_layout
 from models.cnn import CONV, ConvBlock, estimate_memory
 from models.family import CNNFamily, TransformerFamily
+from models.training import batch_to, model_device
 from models.transformer import TransformerSpec, build_model, layer_of, masked_mean, variant_config
 
 
@@ -156,6 +157,52 @@ def exits_logits_and_loss(
     exits = model.exit_logits(**inputs)
     loss = self_distillation_loss(exits, batch["labels"], weight=weight, temperature=temperature)
     return ensemble_logits(exits), loss
+
+
+@dataclass(frozen=True)
+class ExitsEvaluation:
+    """A multi-exit model over a test set: the ensemble's loss and accuracy, and each exit's accuracy alone."""
+
+    loss: float
+    accuracy: float
+    examples: int
+    exit_accuracies: tuple[float, ...]
+
+    def metrics(self) -> dict[str, float]:
+        """``loss``, ``accuracy`` (the ensemble: the model's prediction) and ``exit-<i>-accuracy``, ``i`` from 1."""
+        out = {"loss": self.loss, "accuracy": self.accuracy}
+        out.update({f"exit-{i}-accuracy": a for i, a in enumerate(self.exit_accuracies, start=1)})
+        return out
+
+
+@torch.no_grad()
+def evaluate_exits(model: ExitConvNet | ExitBert, loader: DataLoader) -> ExitsEvaluation:
+    """One pass over ``loader``: the ensemble's mean cross-entropy and accuracy, and every exit's accuracy.
+
+    The ensemble is the model's own prediction (:func:`ensemble_logits`), so ``loss`` and
+    ``accuracy`` equal :func:`models.training.evaluate_classifier`'s; exit ``i``'s accuracy is
+    that of ``argmax z_i`` alone (DepthFL, Kim et al. 2023, Table 2 reports each classifier and
+    the ensemble).
+    """
+    model.eval()
+    device = model_device(model)
+    loss_sum, correct, count = 0.0, 0, 0
+    exit_correct = [0] * len(model.exits)
+    for batch in loader:
+        batch = batch_to(batch, device)
+        labels = batch["labels"]
+        exits = model.exit_logits(**{k: v for k, v in batch.items() if k != "labels"})
+        logits = ensemble_logits(exits)
+        n = int(labels.shape[0])
+        loss_sum += float(F.cross_entropy(logits, labels)) * n
+        correct += int((logits.argmax(-1) == labels).sum())
+        for i, z in enumerate(exits):
+            exit_correct[i] += int((z.argmax(-1) == labels).sum())
+        count += n
+    if count == 0:
+        nan = float("nan")
+        return ExitsEvaluation(nan, nan, 0, tuple(nan for _ in exit_correct))
+    return ExitsEvaluation(loss_sum / count, correct / count, count, tuple(c / count for c in exit_correct))
 
 
 class ExitConvNet(nn.Module):

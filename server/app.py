@@ -31,6 +31,7 @@ from models.data import (
     server_stats_set,
     server_test_set,
 )
+from models.exits import ExitBert, ExitConvNet, evaluate_exits
 from models.images import image_shape
 from models.training import evaluate_classifier, use_threads
 from server.checkpoint import (
@@ -115,19 +116,24 @@ class CentralEvaluator:
         With domains (``tier-domains``) the test set is evaluated once per domain
         (``accuracy-<domain>``, ``loss-<domain>``); ``accuracy`` / ``loss`` are their means, i.e.
         the mixed test set of equal shares.  Static batch-norm statistics come from the same
-        domain's training sample.
+        domain's training sample.  A multi-exit model (DepthFL's) adds each exit's accuracy
+        alone, ``exit-<i>-accuracy`` (:func:`models.exits.evaluate_exits`).
         """
         model = self.family.build(self.cfg.catalog.get(variant))
         model.load_state_dict(dict(params), strict=False)
         model.to(self.device)
-        out: dict[str, float] = {}
+        per_domain: dict[str, dict[str, float]] = {}
         for domain, loader in self.loaders.items():
-            loss, acc, _ = evaluate_classifier(self.family.for_evaluation(model, self.stats.get(domain)), loader)
-            out[f"loss-{domain}"], out[f"accuracy-{domain}"] = loss, acc
-        out["loss"] = sum(out[f"loss-{d}"] for d in self.loaders) / len(self.loaders)
-        out["accuracy"] = sum(out[f"accuracy-{d}"] for d in self.loaders) / len(self.loaders)
-        if len(self.loaders) == 1:
-            out = {"loss": out["loss"], "accuracy": out["accuracy"]}
+            evaluated = self.family.for_evaluation(model, self.stats.get(domain))
+            if isinstance(evaluated, ExitConvNet | ExitBert):  # a multi-exit model: each exit's accuracy too
+                per_domain[domain] = evaluate_exits(evaluated, loader).metrics()
+            else:
+                loss, acc, _ = evaluate_classifier(evaluated, loader)
+                per_domain[domain] = {"loss": loss, "accuracy": acc}
+        keys = next(iter(per_domain.values()))
+        out = {k: sum(m[k] for m in per_domain.values()) / len(per_domain) for k in keys}
+        if len(per_domain) > 1:
+            out.update({f"{k}-{d}": v for d, m in per_domain.items() for k, v in m.items()})
         return out
 
     def generators(self) -> dict[str, torch.Generator]:

@@ -14,6 +14,7 @@ from models.exits import (
     ExitHead,
     ExitsError,
     ensemble_logits,
+    evaluate_exits,
     exit_bert_catalog,
     exit_bert_initial_state,
     exit_bert_layout,
@@ -22,6 +23,7 @@ from models.exits import (
     exit_conv_place,
 )
 from models.family import CNNFamily, ModelFamily, TransformerFamily
+from models.training import evaluate_classifier
 from models.transformer import WORD_EMBEDDINGS, TransformerSpec, build_model, masked_mean
 
 BASE = (2, 4, 8)
@@ -49,6 +51,37 @@ def test_the_prediction_is_the_mean_of_every_exits_logits() -> None:
     exits = model.exit_logits(x)
     assert [tuple(z.shape) for z in exits] == [(2, 5)] * 3
     torch.testing.assert_close(model(x), ensemble_logits(exits))
+
+
+class _FixedExits(ExitConvNet):
+    """Two exits whose logits are given per example: exit 1 right on examples 0, 1, 3, exit 2 on 0 and 2."""
+
+    def __init__(self) -> None:
+        super().__init__(2, in_channels=1, num_classes=2, base=(2, 2))
+
+    def exit_logits(self, x: torch.Tensor) -> list[torch.Tensor]:
+        i = x.flatten(1)[:, 0].long()  # the example's index
+        z1 = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 1.0]])[i]
+        z2 = torch.tensor([[4.0, 0.0], [3.0, 0.0], [0.0, 4.0], [1.0, 0.0]])[i]
+        return [z1, z2]
+
+
+def test_each_exit_is_scored_alone_and_the_ensemble_as_the_model_predicts() -> None:
+    """Labels 0, 1, 1, 1; the ensemble (z1 + z2) / 2 = [3,0], [1.5,1], [1,2], [0.5,0.5] is right on 0 and 2."""
+    x = torch.arange(4.0).view(4, 1, 1, 1)
+    loader = DataLoader([{"x": x[i], "labels": torch.tensor(y)} for i, y in enumerate((0, 1, 1, 1))], batch_size=3)
+    model = _FixedExits()
+    result = evaluate_exits(model, loader)
+    assert result.examples == 4 and result.exit_accuracies == (0.75, 0.5) and result.accuracy == 0.5
+    loss, accuracy, examples = evaluate_classifier(model, loader)  # the ensemble is the model's prediction
+    assert (accuracy, examples) == (result.accuracy, 4) and result.loss == pytest.approx(loss)
+    expected = torch.nn.functional.cross_entropy(
+        torch.tensor([[3.0, 0.0], [1.5, 1.0], [1.0, 2.0], [0.5, 0.5]]), torch.tensor([0, 1, 1, 1])
+    )
+    assert result.loss == pytest.approx(float(expected))
+    assert result.metrics() == {
+        "loss": result.loss, "accuracy": 0.5, "exit-1-accuracy": 0.75, "exit-2-accuracy": 0.5
+    }  # fmt: skip
 
 
 def test_static_batch_norm_statistics_are_recomputed_as_for_the_conv_net() -> None:

@@ -12,7 +12,7 @@ from experiment.config import ConfigError, RunConfig
 from experiment.protocol import DEPTHFL_ROUND_KD_WEIGHT
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Variant, VariantCatalog
 from models.exits import ExitFamily
-from server.app import build_strategy
+from server.app import CentralEvaluator, build_strategy
 from strategies.depthfl import DepthFL
 from tests.toy import reply, sent
 
@@ -128,3 +128,16 @@ def test_the_factory_builds_depthfl_with_its_settings_over_the_exit_models() -> 
     assert isinstance(s, DepthFL) and (s.kd_weight, s.uniform) == (0.5, True)
     assert isinstance(cfg.family(), ExitFamily)
     assert [v.layout.names()[-1] for v in s.catalog] == ["exits.0.bias", "exits.1.bias"]
+
+
+def test_the_central_evaluation_reports_each_exits_accuracy_beside_the_ensembles() -> None:
+    cfg = RunConfig.model_validate(
+        {"model": "conv", "cnn-widths": "4:8", "tier-layers": "1:2", "tiers": "weak:strong", "tier-proportions": "1:1",
+         "tier-memory-mb": "auto", "num-labels": 10, "method": "depthfl", "dataset": "embedded:fashion_mnist",
+         "image-channels": 1, "image-size": 28, "server-test-size": 200}
+    )  # fmt: skip
+    states = cfg.family().initial_states(cfg.catalog, seed=0)
+    out = CentralEvaluator(cfg)({"weak": [states["weak"]], "strong": [states["strong"]]})
+    assert set(out["weak"]) == {"loss", "accuracy", "exit-1-accuracy"}
+    assert set(out["strong"]) == {"loss", "accuracy", "exit-1-accuracy", "exit-2-accuracy"}
+    assert all(0.0 <= v <= 1.0 for m in out.values() for k, v in m.items() if k != "loss")
