@@ -53,6 +53,19 @@ def test_the_prediction_is_the_mean_of_every_exits_logits() -> None:
     torch.testing.assert_close(model(x), ensemble_logits(exits))
 
 
+class _Examples(Dataset[dict[str, torch.Tensor]]):
+    """Given examples, one per index."""
+
+    def __init__(self, rows: list[dict[str, torch.Tensor]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.rows[index]
+
+
 class _FixedExits(ExitConvNet):
     """Two exits whose logits are given per example: exit 1 right on examples 0, 1, 3, exit 2 on 0 and 2."""
 
@@ -69,12 +82,13 @@ class _FixedExits(ExitConvNet):
 def test_each_exit_is_scored_alone_and_the_ensemble_as_the_model_predicts() -> None:
     """Labels 0, 1, 1, 1; the ensemble (z1 + z2) / 2 = [3,0], [1.5,1], [1,2], [0.5,0.5] is right on 0 and 2."""
     x = torch.arange(4.0).view(4, 1, 1, 1)
-    loader = DataLoader([{"x": x[i], "labels": torch.tensor(y)} for i, y in enumerate((0, 1, 1, 1))], batch_size=3)
+    examples = _Examples([{"x": x[i], "labels": torch.tensor(y)} for i, y in enumerate((0, 1, 1, 1))])
+    loader: DataLoader[dict[str, torch.Tensor]] = DataLoader(examples, batch_size=3)
     model = _FixedExits()
     result = evaluate_exits(model, loader)
     assert result.examples == 4 and result.exit_accuracies == (0.75, 0.5) and result.accuracy == 0.5
-    loss, accuracy, examples = evaluate_classifier(model, loader)  # the ensemble is the model's prediction
-    assert (accuracy, examples) == (result.accuracy, 4) and result.loss == pytest.approx(loss)
+    loss, accuracy, count = evaluate_classifier(model, loader)  # the ensemble is the model's prediction
+    assert (accuracy, count) == (result.accuracy, 4) and result.loss == pytest.approx(loss)
     expected = torch.nn.functional.cross_entropy(
         torch.tensor([[3.0, 0.0], [1.5, 1.0], [1.0, 2.0], [0.5, 0.5]]), torch.tensor([0, 1, 1, 1])
     )
