@@ -109,8 +109,12 @@ def test_a_flapping_node_holds_no_round_past_the_timeout_and_rejoins(chaos: Chao
     after = cluster.log(name)[rejoined_at:]
     _rounds_once(result.rows, rounds)
     seconds = result.round_seconds()
-    # a round waits for its train replies and then its evaluate replies, each at most the timeout
-    assert max(seconds) <= 2 * timeout + 30, seconds
+    # a round waits for its train replies and then its evaluate replies, each at most the timeout:
+    # a kill adds at most 2 x timeout to a round of this run without one (the machine's own pace:
+    # 31 s quiet, 81 s with a second test suite beside it)
+    plain = [s for s, r in zip(seconds, result.rows[1:], strict=True) if not r["failed"]]
+    assert plain, (seconds, [r["failed"] for r in result.rows[1:]])
+    assert max(seconds) <= 2 * timeout + max(30.0, statistics.median(plain)), seconds
     failures = [f for r in result.rows[1:] for f in r["failed"]]
     flapper = [f for f in failures if any(f.startswith(f"node {i} ") for i in ids)]
     assert len(flapper) >= cycles, (ids, failures)  # every kill is reported, with that run's node id
