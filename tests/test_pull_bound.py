@@ -12,12 +12,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, Message, Metadata, RecordDict
 from flwr.app.message import make_message, remove_content_from_message
 from flwr.common.serde import message_to_proto
 from flwr.proto.message_pb2 import PullObjectResponse
 from flwr.proto.runtime_pb2 import PullAppMessagesResponse
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
 from flwr.superlink.grid.http_grid import HttpGrid
 
 from strategies.grid import PromptGrid
@@ -116,3 +118,43 @@ def test_a_reply_stopped_at_the_bound_is_listed_as_rejected_with_its_node() -> N
     s.aggregate_train(1, [error_reply(sent(s, 21, "weak"), code=3, reason=flower)])
     assert s.report(1).rejected == [f"node 21 (weak) {cause}"] and s.report(1).failed == []
     assert stopped_reason(flower) == cause and stopped_reason("node unavailable") is None
+
+
+def shared_reply(nbytes: int, answers: str) -> Message:
+    """:func:`reply` with one more array, ``shared``, equal in every reply: one object two replies hold."""
+    msg = reply(nbytes, answers)
+    arrays = msg.content["arrays"]
+    assert isinstance(arrays, ArrayRecord)
+    arrays["shared"] = Array(np.arange(64, dtype=np.float32))
+    return make_message(metadata=msg.metadata, content=msg.content)
+
+
+def test_an_object_a_stopped_reply_shares_does_not_stop_the_honest_reply_that_holds_it_too() -> None:
+    # Objects are content-addressed: the honest reply's "shared" array is the same object as the
+    # big reply's.  The big reply, pulled first, passes the bound; the honest one must arrive whole.
+    big, honest = shared_reply(12 * 2**20, "sent-big"), shared_reply(1_000, "sent-honest")
+    runtime = Runtime([big, honest])
+    assert set(get_all_nested_objects(big)) & set(get_all_nested_objects(honest))  # they share objects
+    flower = flower_grid(runtime)
+    grid = PromptGrid(flower, reply_bound=2**20)
+    got = {m.metadata.reply_to_message_id: m for m in grid.pull_messages(["sent-big", "sent-honest"])}
+    assert got["sent-big"].has_error() and STOPPED in str(got["sent-big"].error.reason)
+    assert not got["sent-honest"].has_error(), got["sent-honest"].error
+    client = flower._client
+    assert isinstance(client, BoundedPulls) and list(client.stopped) == [big.object_id]
+
+
+def test_a_pull_the_bound_cannot_count_to_a_reply_of_the_last_answer_is_refused() -> None:
+    honest = reply(1_000, "sent-1")
+    runtime = Runtime([honest])
+    client = BoundedPulls(runtime, bound=10**6)
+    request = SimpleNamespace(object_id=honest.object_id)
+    with pytest.raises(ObjectPullError, match="no reply to count"):
+        client.PullObject(request)  # no PullMessages answer yet
+    client.PullMessages(None)
+    pull = client.PullObject
+    with pytest.raises(ObjectPullError, match="outside reply"):
+        pull(SimpleNamespace(object_id="not-in-the-tree"))
+    assert pull(request).object_found and runtime.pulled == [honest.object_id]
+    with pytest.raises(ObjectPullError, match="no reply to count"):
+        client.PullObject(request)  # one read per reply of the answer
