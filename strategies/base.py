@@ -9,7 +9,8 @@ heterogeneous method needs and leaves only the aggregation math to subclasses:
 * **validation** (:mod:`strategies.validation`, :mod:`strategies.replay`) -- a reply that does
   not fit what was sent (keys, shapes, dtype, finite values, examples, variant, round, a replay)
   is logged and dropped before it reaches the model (:meth:`HeterogeneousStrategy.defers_finiteness`);
-* **streaming** -- per-group :class:`~strategies.streaming.StreamingMean`: ``O(groups x model)`` memory;
+* **streaming** -- replies are folded one at a time into the method's round sums
+  (:mod:`strategies.round_sums`; per-group means: ``O(groups x model)`` memory);
 * **failures** (:mod:`strategies.replies`) -- error replies and nodes silent past the round
   timeout are mapped back to the node and reported per round;
 * **prompt replies** -- the loop runs on a :class:`PromptGrid` polling every 0.2 s (Flower's: 3 s);
@@ -18,8 +19,8 @@ heterogeneous method needs and leaves only the aggregation math to subclasses:
 
 A method's extension points, each documented with when it runs: ``initial_state``,
 ``check_state``, ``prepare_round``, ``message_variants``, ``variant_payload``, ``encode_payload``,
-``summarize_messages``, ``decode_reply``, ``fold_reply`` / ``fold_group`` (with ``folds_rebuildable``, ``folds_finite``,
-``reset_folds``), ``apply_round``, ``summarize_replies``, ``summarize_evaluation``,
+``summarize_messages``, ``decode_reply``, ``new_round_sums``, ``apply_round``, ``summarize_replies``,
+``summarize_evaluation``,
 ``models_for_evaluation``, ``method_state`` / ``load_method_state`` / ``rebind_node``.
 
 Server state is held as ``{variant: {param: Tensor}}`` and exposed to Flower's loop as
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from logging import INFO, WARNING
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from flwr.app import (
@@ -87,6 +88,7 @@ from strategies.replies import (
     variant_counts,
 )
 from strategies.robust import MedianBuffer, clip_update
+from strategies.round_sums import RoundSums
 from strategies.streaming import StreamingMean
 from strategies.validation import (
     ReplyRejected,
@@ -101,8 +103,16 @@ class StrategyStateError(RuntimeError):
     """The strategy was asked for something its state cannot give (a programming error, not bad input)."""
 
 
-class HeterogeneousStrategy(Strategy):
+#: What a method's :class:`~strategies.round_sums.RoundSums` give its ``apply_round``.
+ResultT = TypeVar("ResultT")
+
+
+class HeterogeneousStrategy(Strategy, Generic[ResultT]):
     """Base for strategies whose nodes train different variants of one family.
+
+    Generic in what the round's sums give the method's math (``ResultT``):
+    ``new_round_sums() -> RoundSums[ResultT]`` starts each aggregation and
+    ``apply_round(server_round, result: ResultT, counts)`` ends it.
 
     Parameters
     ----------
@@ -113,7 +123,7 @@ class HeterogeneousStrategy(Strategy):
 
     """
 
-    #: Whether the method's math accepts one group median instead of the replies (see ``fold_group``).
+    #: Whether the method's math accepts one group median instead of the replies (``RoundSums.add_group``).
     supports_median: ClassVar[bool] = True
 
     def __init__(
@@ -415,21 +425,23 @@ class HeterogeneousStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Decode and validate each reply (:meth:`decode_reply`), fold it (:meth:`fold_reply`), apply the method.
+        """Decode and validate each reply (:meth:`decode_reply`), fold it into the round's sums, apply the method.
 
-        With clipping on, each update is clipped before it is folded (``clipped`` counts them);
-        with the median, each group's coordinate-wise median is folded once (:meth:`fold_group`).
-        Finiteness is checked per reply, or, where :meth:`defers_finiteness`, once on the sums,
-        and only when a sum is not finite is every held reply checked, the bad ones rejected and
-        the sums rebuilt. Sums still not finite (a float32 overflow of finite replies) are
-        discarded with a logged reason: the model stays as if no reply had come.
+        The sums are the method's (:meth:`new_round_sums`).  With clipping on, each update is
+        clipped before it is folded (``clipped`` counts them); with the median, each group's
+        coordinate-wise median is folded once.  Finiteness is checked per reply, or, where
+        :meth:`defers_finiteness`, once on the sums, and only when a sum is not finite is every
+        held reply checked, the bad ones rejected and new sums folded from the rest. Sums still
+        not finite (a float32 overflow of finite replies) are discarded with a logged reason: the
+        model stays as if no reply had come.
         """
         server_round = self.global_round(server_round)
         report = self.report(server_round)
         defer = self.defers_finiteness(replies)
         entries = self._accepted_replies(server_round, replies, report, check_finite=not defer)
-        accepted, means = self._fold_accepted(entries, report, keep_tensors=defer)
-        finite = self.folds_finite(means)
+        sums = self.new_round_sums()
+        accepted = self._fold_accepted(entries, sums, report, keep_tensors=defer)
+        finite = sums.is_finite()
         if defer and not finite:
             kept = []
             for entry in accepted:
@@ -438,14 +450,13 @@ class HeterogeneousStrategy(Strategy):
                     kept.append(entry)
                 else:
                     report.reject(f"node {entry.sent.node_id} ({entry.sent.variant}): {reason}")
-            del means
-            self.reset_folds()
-            accepted, means = self._fold_accepted(kept, report, keep_tensors=False)
-            finite = self.folds_finite(means)
+            del sums
+            sums = self.new_round_sums()
+            accepted = self._fold_accepted(kept, sums, report, keep_tensors=False)
+            finite = sums.is_finite()
         if not finite:
             report.reject("the weighted sums overflow float32 (every reply finite); the round is discarded")
-            self.reset_folds()
-            accepted, means = [], {}
+            sums, accepted = self.new_round_sums(), []
         counts = {v.name: 0 for v in self.catalog}
         for entry in accepted:
             variant = entry.sent.variant
@@ -454,8 +465,7 @@ class HeterogeneousStrategy(Strategy):
             report.add(variant, "examples", entry.num_examples)
             report.add(variant, "bytes-up", entry.nbytes)
         accepted = [replace(entry, tensors={}) for entry in accepted]  # folded: the tensors go
-        mean_params = {k: m.take_mean() for k, m in means.items()}  # the round's own tensors
-        self.apply_round(server_round, mean_params, counts)
+        self.apply_round(server_round, sums.result(), counts)
         self._compose_state()
         out = self.summarize_replies(server_round, accepted)
         for variant, c in counts.items():
@@ -486,32 +496,15 @@ class HeterogeneousStrategy(Strategy):
         """Whether :meth:`aggregate_train` checks the sums' finiteness instead of every reply's.
 
         Only for held replies (a ``Sequence``, as Flower's ``send_and_receive`` returns; a lazy
-        iterable is checked reply by reply), sums that can be dropped and rebuilt after a failure
-        (:meth:`folds_rebuildable`), no clipping (a norm needs finite values) and no median.
+        iterable is checked reply by reply), sums that can be dropped and folded again after a
+        failure (``RoundSums.rebuildable``), no clipping (a norm needs finite values) and no median.
         """
         return (
             isinstance(replies, Sequence)
-            and self.folds_rebuildable()
+            and self.new_round_sums().rebuildable
             and not self.clip_bounds
             and self.robust_aggregation == "mean"
         )
-
-    def folds_rebuildable(self) -> bool:
-        """Whether :meth:`fold_reply` writes only sums that :meth:`reset_folds` drops.
-
-        True for the base fold (the round-local ``means``).  A subclass whose :meth:`fold_reply`
-        keeps replies anywhere else answers for itself: False where they outlive the round
-        (:class:`strategies.baselines.LocalTraining`'s node models, pFedKnow's kept uploads), or
-        True with :meth:`folds_finite` and :meth:`reset_folds` over its own sums.
-        """
-        return True
-
-    def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
-        """Whether the round's sums so far hold no NaN or Inf."""
-        return all(m.is_finite() for m in means.values())
-
-    def reset_folds(self) -> None:
-        """Drop whatever :meth:`fold_reply` folded this round outside ``means`` (nothing here)."""
 
     def _accepted_replies(
         self, server_round: int, replies: Iterable[Message], report: RoundReport, *, check_finite: bool
@@ -559,15 +552,15 @@ class HeterogeneousStrategy(Strategy):
             validate_examples_claim(num_examples, profile.num_examples)
 
     def _fold_accepted(
-        self, entries: Iterable[Accepted], report: RoundReport, *, keep_tensors: bool
-    ) -> tuple[list[Accepted], dict[str, StreamingMean]]:
-        """Clip, then fold (or buffer for the median) every accepted reply.
+        self, entries: Iterable[Accepted], sums: RoundSums[ResultT], report: RoundReport, *, keep_tensors: bool
+    ) -> list[Accepted]:
+        """Clip, then fold (or buffer for the median) every accepted reply into ``sums``; return the entries.
 
-        Returns the entries and the per-variant sums.  The entries keep their tensors only
-        with ``keep_tensors``; otherwise each reply's tensors are dropped once folded, so a
-        lazy stream of replies is folded and released one reply at a time.
+        The entries keep their tensors only with ``keep_tensors``; otherwise each reply's
+        tensors are dropped once folded, so a lazy stream of replies is folded and released one
+        reply at a time.  A group's median stands for the whole group, weighted by the group's
+        total examples, so the method's cross-group math is unchanged.
         """
-        means: dict[str, StreamingMean] = {}
         buffers: dict[str, MedianBuffer] = {}
         kept: list[Accepted] = []
         for entry in entries:
@@ -583,45 +576,29 @@ class HeterogeneousStrategy(Strategy):
             if self.robust_aggregation == "median":
                 buffers.setdefault(rec.variant, MedianBuffer()).add(tensors, float(n))
             else:
-                self.fold_reply(entry, tensors, means)
+                sums.add(entry, tensors)
             del tensors
             kept.append(entry if keep_tensors else replace(entry, tensors={}))
         for variant, buf in buffers.items():
             median, total, count = buf.result()
-            self.fold_group(variant, median, total, count, means)
-        return kept, means
+            sums.add_group(variant, median, total, count)
+        return kept
 
-    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
-        """Fold one accepted reply (``tensors``: its own, or clipped) into the group sums, weighted by examples.
+    def new_round_sums(self) -> RoundSums[ResultT]:
+        """Fresh sums for one aggregation (:mod:`strategies.round_sums`); runs at its start and at every rebuild.
 
-        Runs for each accepted reply, in arrival order, without the median. A method that keeps
-        what it folds outside ``means`` (per-node models, coverage sums, pFedKnow's uploads)
-        overrides this with :meth:`folds_rebuildable`, :meth:`folds_finite` and :meth:`reset_folds`.
+        Each method answers: :class:`~strategies.round_sums.GroupMeans` for per-variant means,
+        sums of its own otherwise (coverage, architecture sums, kept uploads, node models).
         """
-        means.setdefault(entry.sent.variant, StreamingMean()).add(tensors, float(entry.num_examples))
+        raise NotImplementedError
 
-    def fold_group(
-        self,
-        variant: str,
-        tensors: Mapping[str, Tensor],
-        num_examples: float,
-        replies: int,
-        means: dict[str, StreamingMean],
-    ) -> None:
-        """Fold one group's robust aggregate (its coordinate-wise median of ``replies`` replies).
+    def apply_round(self, server_round: int, result: ResultT, counts: Mapping[str, int]) -> None:
+        """Method math, after every reply is folded: update ``self.state`` from the round's sums.
 
-        The median stands for the whole group, weighted by the group's total examples, so the
-        method's cross-group math (layer-wise or coverage averaging) is unchanged.
-        """
-        means.setdefault(variant, StreamingMean()).add(tensors, float(num_examples))
-
-    def apply_round(
-        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
-    ) -> None:
-        """Method math, after every reply is folded: update ``self.state`` from per-variant mean client weights.
-
-        ``means[v]``: the example-weighted mean of the ``counts[v]`` replies of variant ``v`` (absent
-        without replies), fresh tensors (aliasing no reply nor the state) a method may reuse in place.
+        ``result`` is :meth:`RoundSums.result <strategies.round_sums.RoundSums.result>` of the
+        round's sums (per-variant means: ``means[v]`` is the example-weighted mean of the
+        ``counts[v]`` replies of variant ``v``, absent without replies, fresh tensors aliasing no
+        reply nor the state that a method may reuse in place).
         """
         raise NotImplementedError
 

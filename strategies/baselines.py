@@ -15,19 +15,19 @@ from torch import Tensor
 from experiment.method_settings import ServerAdamGroup
 from models.catalog import VariantCatalog
 from strategies import heterofl
-from strategies.base import HeterogeneousStrategy
+from strategies.base import HeterogeneousStrategy, ResultT
 from strategies.fedadam import FedAdamConfig
 from strategies.inclusivefl import InclusiveFL
 from strategies.options import StrategyOptions
-from strategies.replies import Accepted, Sent
-from strategies.streaming import StreamingMean
+from strategies.replies import Sent
+from strategies.round_sums import NodeModels
 
 if TYPE_CHECKING:
     from experiment.config import RunConfig
     from experiment.registry import MethodEntry
 
 
-class PerNodeModels(HeterogeneousStrategy):
+class PerNodeModels(HeterogeneousStrategy[ResultT]):
     """Base for strategies that keep one model per node (Local, FlexiFed's personal layers).
 
     ``node_states[i]`` is node ``i``'s own model (its last reply merged over what it was sent)
@@ -83,7 +83,7 @@ class PerNodeModels(HeterogeneousStrategy):
         return out
 
 
-class LocalTraining(PerNodeModels):
+class LocalTraining(PerNodeModels[None]):
     """Local baseline: every node trains its own tier model; nothing is shared.
 
     The server only relays: node ``i``'s model after round ``t`` is exactly the
@@ -94,21 +94,17 @@ class LocalTraining(PerNodeModels):
 
     supports_median = False  # nothing is aggregated
 
-    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
-        """Store the node's returned weights as its model."""
-        self.keep_node_model(entry.sent, tensors)
+    def new_round_sums(self) -> NodeModels:
+        """Each reply becomes its node's model as it is folded (:meth:`keep_node_model`)."""
+        return NodeModels(self.keep_node_model)
 
-    def folds_rebuildable(self) -> bool:
-        """False: a reply becomes its node's model as it is folded, not a round sum to rebuild."""
-        return False
-
-    def apply_round(
-        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
-    ) -> None:
+    def apply_round(self, server_round: int, result: None, counts: Mapping[str, int]) -> None:
         """Nothing is aggregated."""
 
 
-def build_one_variant(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> HeterogeneousStrategy:
+def build_one_variant(
+    cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]
+) -> InclusiveFL | heterofl.HeteroFL:
     """AllLarge / AllSmall / ExclusiveFL: FedAdam on the one variant the entry trains.
 
     A registry factory (:class:`experiment.registry.MethodEntry` ``strategy``).  Depth tiers:

@@ -73,6 +73,7 @@ from strategies.base import HeterogeneousStrategy
 from strategies.distillation import DistillationConfigError, distill, sample_batches
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
 from strategies.options import StrategyOptions
+from strategies.round_sums import GroupMeans, GroupMeansResult
 
 if TYPE_CHECKING:
     from experiment.config import RunConfig
@@ -205,7 +206,7 @@ class DistillConfig:
 # --- Flower glue ------------------------------------------------------------------------------
 
 
-class CoDistillation(HeterogeneousStrategy):
+class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
     """PeriodicCodist / MergedCodist / per-pool FedAvg on Flower (seed 003, Algorithms 1-2).
 
     Pools are the catalog variants (smallest first).  Each pool's model lives in
@@ -397,6 +398,10 @@ class CoDistillation(HeterogeneousStrategy):
             if result.losses:
                 group["distill-loss"] = result.losses[-1]
         return out
+
+    def new_round_sums(self) -> GroupMeans:
+        """Each pool's example-weighted mean client weights."""
+        return GroupMeans()
 
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]

@@ -40,8 +40,7 @@ from models.catalog import VariantCatalog
 from strategies.base import HeterogeneousStrategy
 from strategies.options import StrategyOptions
 from strategies.records import State
-from strategies.replies import Accepted
-from strategies.streaming import StreamingMean
+from strategies.round_sums import GroupMeans, GroupMeansResult, by_examples, by_replies
 
 if TYPE_CHECKING:
     from experiment.config import RunConfig
@@ -107,7 +106,7 @@ def holder_mean(previous: Mapping[str, Tensor], means: Mapping[str, Tensor]) -> 
     return {name: means.get(name, value) for name, value in previous.items()}
 
 
-class DepthFL(HeterogeneousStrategy):
+class DepthFL(HeterogeneousStrategy[GroupMeansResult]):
     """DepthFL's server: one deepest model; each depth gets its prefix; holder means (module docstring).
 
     Parameters
@@ -163,27 +162,12 @@ class DepthFL(HeterogeneousStrategy):
         w_t = round_kd_weight(server_round - 1, self.kd_weight, self.kd_rampup_rounds)
         return record, {DEPTHFL_ROUND_KD_WEIGHT: w_t}
 
-    def _weight(self, num_examples: float, replies: int) -> float:
-        return float(replies) if self.uniform else num_examples
+    def new_round_sums(self) -> GroupMeans:
+        """One per-tensor sum over every reply, whatever its depth (:data:`GLOBAL`).
 
-    def folds_rebuildable(self) -> bool:
-        """The one sum is the round's ``means``: dropped and rebuilt like the base fold's."""
-        return True
-
-    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
-        """Fold every reply, whatever its depth, into one per-tensor sum (:data:`GLOBAL`)."""
-        means.setdefault(self.GLOBAL, StreamingMean()).add(tensors, self._weight(float(entry.num_examples), 1))
-
-    def fold_group(
-        self,
-        variant: str,
-        tensors: Mapping[str, Tensor],
-        num_examples: float,
-        replies: int,
-        means: dict[str, StreamingMean],
-    ) -> None:
-        """A depth's coordinate-wise median stands for its replies in the one sum (their examples, or count)."""
-        means.setdefault(self.GLOBAL, StreamingMean()).add(tensors, self._weight(num_examples, replies))
+        Weighted by examples, or one per reply with ``uniform``; a depth's median stands for its replies.
+        """
+        return GroupMeans(group_of=lambda variant: self.GLOBAL, weight=by_replies if self.uniform else by_examples)
 
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]

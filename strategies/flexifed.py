@@ -55,7 +55,7 @@ keeps each client's own model (its last reply, with later group means written in
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, get_args
@@ -72,7 +72,8 @@ from models.family import ArchitectureFamily, TransformerFamily
 from strategies.base import HeterogeneousStrategy
 from strategies.baselines import PerNodeModels
 from strategies.options import StrategyOptions
-from strategies.replies import Accepted
+from strategies.replies import Accepted, Sent
+from strategies.round_sums import MedianNotSupported
 from strategies.streaming import StreamingMean
 
 if TYPE_CHECKING:
@@ -404,6 +405,38 @@ class FlexiFedAccumulator:
         return set(self.sums)
 
 
+class FlexiFedSums:
+    """FlexiFed's round sums (:class:`~strategies.round_sums.RoundSums`): a :class:`FlexiFedAccumulator`.
+
+    With ``keep`` (the modes with personal layers) each reply is also kept as its node's model
+    as it is folded, which outlives the round: then the sums are not rebuildable.  No median
+    (FlexiFed's options forbid it).
+    """
+
+    def __init__(self, acc: FlexiFedAccumulator, keep: Callable[[Sent, Mapping[str, Tensor]], None] | None) -> None:
+        self.acc = acc
+        self.keep = keep
+
+    @property
+    def rebuildable(self) -> bool:
+        """True unless replies are also kept as node models."""
+        return self.keep is None
+
+    def add(self, entry: Accepted, tensors: Mapping[str, Tensor]) -> None:  # noqa: D102
+        if self.keep is not None:
+            self.keep(entry.sent, tensors)
+        self.acc.add(entry.sent.node_id, entry.sent.variant, tensors, entry.num_examples)
+
+    def add_group(self, variant: str, tensors: Mapping[str, Tensor], num_examples: float, replies: int) -> None:  # noqa: D102
+        raise MedianNotSupported("FlexiFed folds each reply into its architecture's sums; it has no group median")
+
+    def is_finite(self) -> bool:  # noqa: D102
+        return all(m.is_finite() for m in self.acc.sums.values())
+
+    def result(self) -> FlexiFedAccumulator:  # noqa: D102
+        return self.acc
+
+
 def flexifed_round(
     states: Mapping[str, Mapping[str, Tensor]],
     layers: Mapping[str, Sequence[ArchLayer]],
@@ -478,7 +511,7 @@ def check_layers(catalog: VariantCatalog, layers: Mapping[str, Sequence[ArchLaye
             raise FlexiFedError(f"{v.name}: layers must cover every trainable tensor exactly once")
 
 
-class FlexiFed(PerNodeModels):
+class FlexiFed(PerNodeModels[FlexiFedAccumulator]):
     """FlexiFed on Flower: one model per architecture, common-layer aggregation.
 
     A node of variant ``a`` (an architecture) receives and returns only architecture ``a``'s
@@ -529,36 +562,19 @@ class FlexiFed(PerNodeModels):
         self.share_classifier = share_classifier
         self.layers: dict[str, tuple[ArchLayer, ...]] = {v.name: tuple(signatures[v.name]) for v in catalog}
         self.signatures = {a: [layer.signature for layer in ls] for a, ls in self.layers.items()}
-        self._acc = FlexiFedAccumulator(uniform=uniform)
 
     @property
     def keeps_client_models(self) -> bool:
         """Whether personal layers stay per client (``basic``, ``standalone``)."""
         return self.mode in LOCAL_MODES
 
-    def folds_rebuildable(self) -> bool:
-        """The architecture sums are the round's own, unless replies are also kept as node models."""
-        return not self.keeps_client_models
+    def new_round_sums(self) -> FlexiFedSums:
+        """The round's architecture sums; with personal layers each reply is also kept as its node's model."""
+        keep = self.keep_node_model if self.keeps_client_models else None
+        return FlexiFedSums(FlexiFedAccumulator(uniform=self.uniform), keep)
 
-    def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
-        """Whether the architecture sums hold no NaN or Inf."""
-        return super().folds_finite(self._acc.sums)
-
-    def reset_folds(self) -> None:
-        """Drop the round's architecture sums."""
-        self._acc = FlexiFedAccumulator(uniform=self.uniform)
-
-    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
-        """Fold the reply into its architecture's sums (and keep it as the node's model)."""
-        if self.keeps_client_models:
-            self.keep_node_model(entry.sent, tensors)
-        self._acc.add(entry.sent.node_id, entry.sent.variant, tensors, entry.num_examples)
-
-    def apply_round(
-        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
-    ) -> None:
-        """Plan over the architectures that replied, write group means, reset the sums."""
-        acc, self._acc = self._acc, FlexiFedAccumulator(uniform=self.uniform)
+    def apply_round(self, server_round: int, acc: FlexiFedAccumulator, counts: Mapping[str, int]) -> None:
+        """Plan over the architectures that replied and write each group's mean."""
         if not acc.clients:
             return
         plan = architecture_plan(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Unpack
@@ -54,7 +54,7 @@ from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.options import StrategyOptions
 from strategies.records import State
 from strategies.replies import Accepted
-from strategies.streaming import StreamingMean
+from strategies.round_sums import GroupWeight, by_examples, by_replies
 from strategies.validation import non_finite_reason
 
 if TYPE_CHECKING:
@@ -468,7 +468,50 @@ def coverage_aggregate(full: Mapping[str, Tensor], rules: WidthRules, replies: I
     return acc.result(full)
 
 
-class HeteroFL(HeterogeneousStrategy):
+class CoverageSums:
+    """HeteroFL's round sums (a :class:`~strategies.round_sums.RoundSums`): replies scattered into coverage sums.
+
+    A reply of variant ``v`` adds ``w x`` at ``index_sets(v)`` (the leading slice, or FedRolex's
+    window of the round) with ``w = weight(examples, 1)``; a variant's median stands for its
+    replies with ``w = weight(examples, replies)``.  The full-size sums are allocated on the
+    first reply; :meth:`result` is ``None`` without one.
+    """
+
+    rebuildable = True
+
+    def __init__(
+        self,
+        full: Mapping[str, Tensor],
+        rules: WidthRules,
+        index_sets: Callable[[str], IndexSets],
+        weight: GroupWeight,
+    ) -> None:
+        self.full = full
+        self.rules = rules
+        self.index_sets = index_sets
+        self.weight = weight
+        self.coverage: CoverageMean | None = None
+
+    def _scatter(self, variant: str, tensors: Mapping[str, Tensor], weight: float) -> None:
+        if self.coverage is None:
+            self.coverage = CoverageMean(self.full, self.rules)
+        self.coverage.add(tensors, self.index_sets(variant), weight)
+
+    def add(self, entry: Accepted, tensors: Mapping[str, Tensor]) -> None:  # noqa: D102
+        self._scatter(entry.sent.variant, tensors, self.weight(float(entry.num_examples), 1))
+
+    def add_group(self, variant: str, tensors: Mapping[str, Tensor], num_examples: float, replies: int) -> None:  # noqa: D102
+        self._scatter(variant, tensors, self.weight(float(num_examples), replies))
+
+    def is_finite(self) -> bool:  # noqa: D102
+        return self.coverage is None or self.coverage.is_finite()
+
+    def result(self) -> CoverageMean | None:
+        """The coverage sums, or ``None`` where no reply was folded."""
+        return self.coverage if self.coverage is not None and self.coverage.count > 0 else None
+
+
+class HeteroFL(HeterogeneousStrategy[CoverageMean | None]):
     """HeteroFL (and FedRolex with ``rolling=True``) on Flower.
 
     The server keeps one full model (state group ``"global"``).  A node of variant ``v``
@@ -536,7 +579,6 @@ class HeteroFL(HeterogeneousStrategy):
         self.server_optimizer = server_optimizer
         self.adam_cfg = adam or FedAdamConfig()
         self.adam = FedAdamState()
-        self._coverage: CoverageMean | None = None
 
     def check_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
         """Require exactly the full model under ``"global"``."""
@@ -556,37 +598,10 @@ class HeteroFL(HeterogeneousStrategy):
         """The sub-model of ``variant`` cut from the global model."""
         return extract_with_indices(self.state[self.GLOBAL], self.rules, self.index_sets(variant))
 
-    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
-        """Scatter the reply into the coverage sums."""
-        self._scatter(entry.sent.variant, tensors, float(entry.num_examples) if self.weighting == "examples" else 1.0)
-
-    def folds_rebuildable(self) -> bool:
-        """The coverage sums are the round's own: dropped by :meth:`reset_folds`."""
-        return True
-
-    def folds_finite(self, means: Mapping[str, StreamingMean]) -> bool:
-        """Whether the coverage sums hold no NaN or Inf."""
-        return self._coverage is None or self._coverage.is_finite()
-
-    def reset_folds(self) -> None:
-        """Drop the round's coverage sums."""
-        self._coverage = None
-
-    def fold_group(
-        self,
-        variant: str,
-        tensors: Mapping[str, Tensor],
-        num_examples: float,
-        replies: int,
-        means: dict[str, StreamingMean],
-    ) -> None:
-        """Scatter one variant's median as the whole group (weight: its examples, or its reply count)."""
-        self._scatter(variant, tensors, float(num_examples) if self.weighting == "examples" else float(replies))
-
-    def _scatter(self, variant: str, tensors: Mapping[str, Tensor], weight: float) -> None:
-        if self._coverage is None:
-            self._coverage = CoverageMean(self.state[self.GLOBAL], self.rules)
-        self._coverage.add(tensors, self.index_sets(variant), weight)
+    def new_round_sums(self) -> CoverageSums:
+        """The coverage sums of the global model, each reply scattered at its variant's index sets this round."""
+        weight = by_examples if self.weighting == "examples" else by_replies
+        return CoverageSums(self.state[self.GLOBAL], self.rules, self.index_sets, weight)
 
     def method_state(self) -> dict[str, Any]:
         """The FedAdam state of the global model (unused with ``server_optimizer="average"``)."""
@@ -595,20 +610,16 @@ class HeteroFL(HeterogeneousStrategy):
     def load_method_state(self, data: Mapping[str, Any]) -> None:
         """Restore :meth:`method_state`."""
         self.adam = FedAdamState.from_dict(data.get("adam", {}))
-        self._coverage = None
 
-    def apply_round(
-        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
-    ) -> None:
+    def apply_round(self, server_round: int, result: CoverageMean | None, counts: Mapping[str, int]) -> None:
         """Replace covered elements by their mean; uncovered ones keep their value."""
-        if self._coverage is not None and self._coverage.count > 0:
+        if result is not None:
             old = self.state[self.GLOBAL]
-            new = self._coverage.result(old)
+            new = result.result(old)
             if self.server_optimizer == "fedadam":
                 trainable = self.full.layout.trainable_names()
                 new = fedadam_step(old, {k: new[k] - old[k] for k in trainable}, self.adam, self.adam_cfg)
             self.state[self.GLOBAL] = new
-        self._coverage = None
 
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
         """Every variant's sub-model of the global model: the one its nodes trained this round.

@@ -46,6 +46,7 @@ from models.catalog import VariantCatalog
 from strategies.base import HeterogeneousStrategy
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step, group_states_from_dict, group_states_to_dict
 from strategies.options import StrategyOptions
+from strategies.round_sums import GroupMeans, GroupMeansResult
 
 if TYPE_CHECKING:
     from experiment.config import RunConfig
@@ -287,7 +288,7 @@ def shared_adam_round(
     return new_states, new_momenta
 
 
-class InclusiveFL(HeterogeneousStrategy):
+class InclusiveFL(HeterogeneousStrategy[GroupMeansResult]):
     """InclusiveFL on Flower (and, with one variant, the FedAdam baselines).
 
     With a one-variant catalog this is plain FedAdam on that variant, which is how
@@ -332,6 +333,10 @@ class InclusiveFL(HeterogeneousStrategy):
         self.momenta: dict[str, Momentum] = {}
         self.depths = [(v.name, v.depth) for v in catalog]
         self.shared = tier_shared_names(catalog)
+
+    def new_round_sums(self) -> GroupMeans:
+        """Each tier's example-weighted mean client weights."""
+        return GroupMeans()
 
     def apply_round(
         self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]

@@ -104,7 +104,7 @@ from strategies.options import StrategyOptions
 from strategies.pfedknow_modes import MODES, PFedKnowMode, PFedKnowSettings, labeled_set, settings_from, text_mode
 from strategies.records import record_nbytes, to_record
 from strategies.replies import Accepted, Evaluated, Sent
-from strategies.streaming import StreamingMean
+from strategies.round_sums import MedianNotSupported
 from strategies.validation import ReplyRejected, validate_num_examples
 
 if TYPE_CHECKING:
@@ -215,10 +215,41 @@ class Upload:
     num_examples: int
 
 
+class KeptUploads:
+    """pFedKnow's round sums (:class:`~strategies.round_sums.RoundSums`): every accepted upload with its masks.
+
+    Not rebuildable (each upload is checked finite on its own, a reply's finiteness, not a
+    sum's); no median (pFedKnow's options forbid it).
+    """
+
+    rebuildable = False
+
+    def __init__(self, node_key: Callable[[int], str]) -> None:
+        self.node_key = node_key
+        self.uploads: list[Upload] = []
+
+    def add(self, entry: Accepted, tensors: Mapping[str, Tensor]) -> None:
+        """Keep the upload; a reply decoded without its masks is a programming error."""
+        if entry.masks is None:
+            raise StrategyStateError(f"node {entry.sent.node_id}'s upload was not decoded with its masks")
+        key = self.node_key(entry.sent.node_id)
+        self.uploads.append(Upload(key, entry.sent.node_id, dict(tensors), dict(entry.masks), entry.num_examples))
+
+    def add_group(self, variant: str, tensors: Mapping[str, Tensor], num_examples: float, replies: int) -> None:  # noqa: D102
+        raise MedianNotSupported("pFedKnow keeps every upload with its mask; it has no group median")
+
+    def is_finite(self) -> bool:
+        """True: every kept upload was checked finite on its own."""
+        return True
+
+    def result(self) -> list[Upload]:  # noqa: D102
+        return self.uploads
+
+
 # --- Flower glue --------------------------------------------------------------------------------
 
 
-class PFedKnow(HeterogeneousStrategy):
+class PFedKnow(HeterogeneousStrategy[list[Upload]]):
     """pFedKnow and its ablations on Flower (one lightweight variant; see the module docstring).
 
     Parameters
@@ -295,8 +326,6 @@ class PFedKnow(HeterogeneousStrategy):
         self.teacher_state: Params | None = None
         self.personal: dict[str, Params] = {}
         self.masks: dict[str, Masks] = {}
-        #: this round's accepted uploads, kept by :meth:`fold_reply` for :meth:`apply_round`
-        self._uploads: list[Upload] = []
 
     # ---------------------------------------------------------------- models
     def _model(self, params: Mapping[str, Tensor]) -> nn.Module:
@@ -449,26 +478,12 @@ class PFedKnow(HeterogeneousStrategy):
             raise ReplyRejected(f"mask revives weights pruned before in {revived[:3]}")
         return Accepted(sent, params, n, metrics, record_nbytes(arrays), masks=masks)
 
-    def fold_reply(self, entry: Accepted, tensors: Mapping[str, Tensor], means: dict[str, StreamingMean]) -> None:
-        """Keep the upload: the server step needs every upload with its mask (:meth:`apply_round`)."""
-        if entry.masks is None:
-            raise StrategyStateError(f"node {entry.sent.node_id}'s upload was not decoded with its masks")
-        key = self.node_key(entry.sent.node_id)
-        self._uploads.append(Upload(key, entry.sent.node_id, dict(tensors), dict(entry.masks), entry.num_examples))
+    def new_round_sums(self) -> KeptUploads:
+        """The round's uploads, each kept with its mask (the server step needs every one, :meth:`apply_round`)."""
+        return KeptUploads(self.node_key)
 
-    def folds_rebuildable(self) -> bool:
-        """False: the kept uploads are checked one by one (a reply's finiteness, not a sum's)."""
-        return False
-
-    def reset_folds(self) -> None:
-        """Drop the round's kept uploads."""
-        self._uploads = []
-
-    def apply_round(
-        self, server_round: int, means: Mapping[str, Mapping[str, Tensor]], counts: Mapping[str, int]
-    ) -> None:
+    def apply_round(self, server_round: int, uploads: list[Upload], counts: Mapping[str, int]) -> None:
         """Report what the uploads would have cost dense, then distill every leader (or average, for the ablations)."""
-        uploads, self._uploads = self._uploads, []
         group = self.report(server_round).group(self.variant)
         for up in uploads:
             group["bytes-up-dense"] = group.get("bytes-up-dense", 0.0) + record_nbytes(to_record(up.params))

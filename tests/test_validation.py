@@ -10,6 +10,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from strategies.inclusivefl import InclusiveFL
+from strategies.round_sums import GroupMeans
 from tests.toy import constant_state, error_reply, reply, sent, toy_catalog, trained
 
 DEPTHS = {"weak": 1, "medium": 2, "strong": 3}
@@ -192,9 +193,12 @@ def test_finiteness_is_deferred_only_where_the_sums_can_be_rebuilt() -> None:
     clipped = InclusiveFL(catalog=toy_catalog(DEPTHS), beta=0.2, clip_update_norm={"strong": 1.0})
     assert not clipped.defers_finiteness(replies)
 
+    class KeptElsewhere(GroupMeans):  # a fold that also writes outside the sums: declared, never guessed
+        rebuildable = False
+
     class OwnSums(InclusiveFL):  # folds into sums of its own, which a failed check could not rebuild
-        def folds_rebuildable(self) -> bool:  # declared, never guessed from which methods are overridden
-            return False
+        def new_round_sums(self) -> KeptElsewhere:
+            return KeptElsewhere()
 
     assert not OwnSums(catalog=toy_catalog(DEPTHS), beta=0.2).defers_finiteness(replies)
 
