@@ -137,8 +137,8 @@ class RunConfig(AllGroups):
         "2:4:6",
         description="Encoder layers of each tier's transformer variant, one per tier (pFedKnow: the student's "
         "depth, below the full model's); width tiers with tier-widths = 'auto' match these depths' sizes. "
-        "DepthFL: each tier's depth on the conv CNN too (its blocks, at most len(cnn-widths)); other image "
-        "models ignore it.",
+        "DepthFL: each tier's depth on the CNNs too (conv: its blocks, preresnet18: its stages; at most "
+        "len(cnn-widths)); other image models ignore it.",
         json_schema_extra=readers(allowed="strictly increasing positive integers, ':'-separated"),
     )
     tier_proportions: str = Field(

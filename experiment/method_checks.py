@@ -73,20 +73,21 @@ def _pfedknow_student(cfg: RunConfig) -> None:
 
 
 def depthfl(cfg: RunConfig) -> None:
-    """DepthFL's tiers are depths of HeteroFL's ``conv`` CNN or a transformer: ``tier-layers``, increasing, in range.
+    """DepthFL's tiers are depths of HeteroFL's CNNs or a transformer: ``tier-layers``, increasing, in range.
 
-    The deepest model has ``len(cnn-widths)`` blocks (conv) or the checkpoint's encoder layers; a
-    hub model whose configuration is not cached yet is checked when its catalog is built, at start.
+    The deepest model has ``len(cnn-widths)`` blocks (conv) or stages (preresnet18), or the
+    checkpoint's encoder layers; a hub model whose configuration is not cached yet is checked when
+    its catalog is built, at start.
     """
-    if cfg.image_data and cfg.model != cnn.CONV:
+    if cfg.image_data and cfg.model not in (cnn.CONV, cnn.PRERESNET18):
         raise ValueError(
-            f"run config 'model': {cfg.method!r} cuts HeteroFL's 'conv' CNN or a transformer into depths with an exit "
-            f"after each block; got {cfg.model!r}"
+            f"run config 'model': {cfg.method!r} cuts HeteroFL's 'conv' CNN (by block), its 'preresnet18' (by stage) "
+            f"or a transformer into depths with an exit after each; got {cfg.model!r}"
         )
     depths = [int(x) for x in split_list(cfg.tier_layers, "tier-layers")]
     if len(depths) != len(cfg.tier_names):
         raise ValueError(f"run config 'tier-layers' has {len(depths)} entries but 'tiers' has {len(cfg.tier_names)}")
-    what = "blocks" if cfg.image_data else "encoder layers"
+    what = ("blocks" if cfg.model == cnn.CONV else "stages") if cfg.image_data else "encoder layers"
     try:
         deepest = len(parse_widths(cfg.cnn_widths)) if cfg.image_data else _encoder_layers(cfg)
     except (OSError, ValueError):  # a hub model not in the cache: its catalog says so at start

@@ -30,6 +30,12 @@ model's state is a prefix of the depth-``L`` one (:func:`exit_conv_catalog`).  I
 returns the ensemble's logits, so evaluation and HeteroFL's sBN statistics work unchanged;
 :meth:`ExitConvNet.exit_logits` returns every exit's.
 
+:class:`ExitPreResNet` is HeteroFL's pre-activation ResNet-18 (:class:`models.cnn.PreResNet`) at
+full width cut to its first ``k`` stages, with exit ``s`` after stage ``s``: the full model's head
+form, ``z_s = W_s mean_hw(relu(BN_s(h_s))) + b_s`` (DepthFL's ResNet has a classifier after each
+stage); at the deepest stage it is the full model's head.  Tensors keep the ResNet's names
+(``stem.weight``, ``stages.<s>.<b>.*``) beside ``exits.<s>.{norm,linear}.*``.
+
 :class:`ExitBert` is the BERT encoder of :mod:`models.transformer` cut to ``k`` layers, with exit
 ``l`` (the spec's pooling of layer ``l``'s token states, a pooler ``tanh(W_p . + b_p)``, dropout and
 a classifier) after layer ``l``.  Encoder tensors keep the classifier's names
@@ -43,7 +49,7 @@ variants of a conv net or a transformer, with the wrapped family's data and eval
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +61,7 @@ from transformers import BertConfig, BertModel
 
 from models import transformer
 from models.catalog import Layout, Role, Variant, VariantCatalog, meta_layout
-from models.cnn import CONV, ConvBlock, estimate_memory
+from models.cnn import CONV, PRERESNET18, PRERESNET18_BLOCKS, ConvBlock, PreActBlock, estimate_memory, static_bn
 from models.family import CNNFamily, TransformerFamily
 from models.training import batch_to, model_device
 from models.transformer import TransformerSpec, build_model, layer_of, masked_mean, variant_config
@@ -151,7 +157,7 @@ def exits_logits_and_loss(
         When ``model`` has no exits (no ``exit_logits``).
 
     """
-    if not isinstance(model, ExitConvNet | ExitBert):
+    if not isinstance(model, EXIT_MODELS):
         raise ExitsError(f"self-distillation among exits needs a multi-exit model, got {type(model).__name__}")
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     exits = model.exit_logits(**inputs)
@@ -176,7 +182,7 @@ class ExitsEvaluation:
 
 
 @torch.no_grad()
-def evaluate_exits(model: ExitConvNet | ExitBert, loader: DataLoader) -> ExitsEvaluation:
+def evaluate_exits(model: ExitModel, loader: DataLoader) -> ExitsEvaluation:
     """One pass over ``loader``: the ensemble's mean cross-entropy and accuracy, and every exit's accuracy.
 
     The ensemble is the model's own prediction (:func:`ensemble_logits`), so ``loss`` and
@@ -248,10 +254,40 @@ def exit_conv_place(name: str) -> tuple[int | None, Role]:
     return int(index), "shared" if part == "blocks" else "head"
 
 
-def exit_conv_layout(depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]) -> Layout:
-    """The parameter layout of :class:`ExitConvNet` at ``depth`` (built on the meta device)."""
+def exit_cnn(
+    model_name: str, depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]
+) -> ExitConvNet | ExitPreResNet:
+    """The multi-exit ``model_name`` (``"conv"``: :class:`ExitConvNet`; ``"preresnet18"``: :class:`ExitPreResNet`)."""
+    if model_name == CONV:
+        return ExitConvNet(depth, in_channels=in_channels, num_classes=num_classes, base=base)
+    if model_name == PRERESNET18:
+        return ExitPreResNet(depth, in_channels=in_channels, num_classes=num_classes, base=base)
+    raise ExitsError(f"multi-exit models cut the {CONV!r} or {PRERESNET18!r} CNN, not {model_name!r}")
+
+
+def exit_cnn_place(model_name: str) -> Callable[[str], tuple[int | None, Role]]:
+    """The ``(layer, role)`` rule of ``model_name``'s multi-exit tensors."""
+    return exit_conv_place if model_name == CONV else exit_preresnet_place
+
+
+def exit_conv_outputs(model_name: str, depth: int) -> int:
+    """How many of :func:`models.cnn.conv_output_shapes` a depth-``depth`` multi-exit model computes.
+
+    The conv net: one per block.  The ResNet: the stem, then per stage ``s < depth`` two per block
+    and the projection of its first block for ``s >= 1``.
+    """
+    if model_name == CONV:
+        return depth
+    return 1 + sum(2 * n + (1 if s > 0 else 0) for s, n in enumerate(PRERESNET18_BLOCKS[:depth]))
+
+
+def exit_conv_layout(
+    depth: int, *, in_channels: int, num_classes: int, base: Sequence[int], model_name: str = CONV
+) -> Layout:
+    """The parameter layout of the multi-exit ``model_name`` at ``depth`` (built on the meta device)."""
     return meta_layout(
-        lambda: ExitConvNet(depth, in_channels=in_channels, num_classes=num_classes, base=base), exit_conv_place
+        lambda: exit_cnn(model_name, depth, in_channels=in_channels, num_classes=num_classes, base=base),
+        exit_cnn_place(model_name),
     )
 
 
@@ -264,16 +300,17 @@ def exit_conv_catalog(
     batch_size: int,
     base: Sequence[int],
     optimizer: str = "sgd",
+    model_name: str = CONV,
 ) -> VariantCatalog:
-    """Catalog of depth variants of :class:`ExitConvNet`, one per ``(name, depth)``, shallowest first.
+    """Catalog of depth variants of the multi-exit ``model_name``, one per ``(name, depth)``, shallowest first.
 
-    Each variant's memory is :func:`models.cnn.estimate_memory` on its own layout and its first
-    ``depth`` conv outputs; ``extra = {"exits": depth}``.
+    Each variant's memory is :func:`models.cnn.estimate_memory` on its own layout and the conv
+    outputs its depth computes (:func:`exit_conv_outputs`); ``extra = {"exits": depth}``.
 
     Raises
     ------
     ExitsError
-        When the depths are not strictly increasing in ``1 .. len(base)``.
+        When the depths are not strictly increasing in ``1 .. len(base)`` (blocks, or stages).
 
     """
     values = [d for _, d in depths]
@@ -281,19 +318,88 @@ def exit_conv_catalog(
         raise ExitsError(f"depths must be strictly increasing in 1 .. {len(base)}, got {values}")
     variants = []
     for name, depth in depths:
-        layout = exit_conv_layout(depth, in_channels=in_channels, num_classes=num_classes, base=base)
+        layout = exit_conv_layout(
+            depth, in_channels=in_channels, num_classes=num_classes, base=base, model_name=model_name
+        )
         memory = estimate_memory(
-            CONV,
+            model_name,
             1.0,
             layout,
             image_size=image_size,
             batch_size=batch_size,
             optimizer=optimizer,
             base=base,
-            blocks=depth,
+            blocks=exit_conv_outputs(model_name, depth),
         )
         variants.append(Variant(name=name, depth=depth, layout=layout, memory=memory, extra={"exits": depth}))
-    return VariantCatalog(family=f"exits:{CONV}", variants=tuple(variants))
+    return VariantCatalog(family=f"exits:{model_name}", variants=tuple(variants))
+
+
+class ExitPreResNet(nn.Module):
+    """The first ``depth`` stages of HeteroFL's pre-activation ResNet-18 at full width, an exit after each.
+
+    Stage ``s`` is :class:`models.cnn.PreResNet`'s (its blocks, strides and projections from the
+    full model's widths ``base``); exit ``s`` is ``z_s = W_s mean_hw(relu(BN_s(h_s))) + b_s`` on
+    stage ``s``'s output ``h_s`` (static batch norm, as the ResNet's).
+
+    State-dict names: ``stem.weight``, ``stages.<s>.<b>.*`` (as :class:`~models.cnn.PreResNet`)
+    and ``exits.<s>.norm.{weight,bias}``, ``exits.<s>.linear.{weight,bias}``.
+    """
+
+    def __init__(self, depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]) -> None:
+        super().__init__()
+        self.base = tuple(int(d) for d in base)
+        if len(self.base) != len(PRERESNET18_BLOCKS):
+            raise ExitsError(f"{PRERESNET18!r} has {len(PRERESNET18_BLOCKS)} stages; got {len(self.base)} widths")
+        if not 1 <= depth <= len(self.base):
+            raise ExitsError(f"depth must be in 1 .. {len(self.base)} (the ResNet's stages), got {depth}")
+        self.depth = depth
+        self.stem = nn.Conv2d(in_channels, self.base[0], kernel_size=3, stride=1, padding=1, bias=False)
+        stages = []
+        for s, n in enumerate(PRERESNET18_BLOCKS[:depth]):
+            blocks = []
+            for b in range(n):
+                first = s > 0 and b == 0
+                c_in = self.base[s - 1] if first else self.base[s]
+                blocks.append(PreActBlock(c_in, self.base[s], 2 if first else 1, 1.0, projection=first))
+            stages.append(nn.Sequential(*blocks))
+        self.stages = nn.ModuleList(stages)
+        self.exits = nn.ModuleList(_StageExit(self.base[s], num_classes) for s in range(depth))
+
+    def exit_logits(self, x: Tensor) -> list[Tensor]:
+        """``[z_1, .., z_depth]``, each ``(batch, num_classes)``, shallowest first."""
+        x = self.stem(x)
+        out = []
+        for stage, head in zip(self.stages, self.exits, strict=True):
+            x = stage(x)
+            out.append(head(x))
+        return out
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The ensemble's logits (:func:`ensemble_logits` of :meth:`exit_logits`)."""
+        return ensemble_logits(self.exit_logits(x))
+
+
+class _StageExit(nn.Module):
+    """``W mean_hw(relu(BN(h))) + b``: the ResNet's head form, after one stage."""
+
+    def __init__(self, channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.norm = static_bn(channels)
+        self.linear = nn.Linear(channels, num_classes)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.linear(F.adaptive_avg_pool2d(F.relu(self.norm(h)), 1).flatten(1))
+
+
+def exit_preresnet_place(name: str) -> tuple[int | None, Role]:
+    """``(layer, role)`` of an :class:`ExitPreResNet` tensor: the stem is layer 0, stage and exit ``s`` layer ``s``."""
+    part, *rest = name.split(".")
+    if part == "stem":
+        return 0, "shared"
+    if part in ("stages", "exits") and rest and rest[0].isdigit():
+        return int(rest[0]), "shared" if part == "stages" else "head"
+    raise ExitsError(f"{name!r} is not a tensor of a multi-exit ResNet")
 
 
 class ExitPooler(nn.Module):
@@ -438,6 +544,11 @@ def exit_bert_catalog(
     return VariantCatalog(family=f"exits:{spec.source}", variants=tuple(variants))
 
 
+#: The multi-exit models (each has ``exit_logits`` and ``exits``); ``isinstance(m, EXIT_MODELS)``.
+EXIT_MODELS = (ExitConvNet, ExitPreResNet, ExitBert)
+ExitModel = ExitConvNet | ExitPreResNet | ExitBert
+
+
 @dataclass(frozen=True)
 class ExitFamily:
     """Multi-exit depth variants of HeteroFL's conv net or a BERT encoder (DepthFL's models).
@@ -455,8 +566,10 @@ class ExitFamily:
     inner: CNNFamily | TransformerFamily
 
     def __post_init__(self) -> None:
-        if isinstance(self.inner, CNNFamily) and self.inner.name != CONV:
-            raise ExitsError(f"multi-exit models cut the {CONV!r} conv net or a transformer, not {self.inner.name!r}")
+        if isinstance(self.inner, CNNFamily) and self.inner.name not in (CONV, PRERESNET18):
+            raise ExitsError(
+                f"multi-exit models cut the {CONV!r} or {PRERESNET18!r} CNN or a transformer, not {self.inner.name!r}"
+            )
 
     @property
     def data_kind(self) -> str:
@@ -471,7 +584,8 @@ class ExitFamily:
         """The multi-exit model with ``depth`` blocks (layers) and as many exits."""
         inner = self.inner
         if isinstance(inner, CNNFamily):
-            return ExitConvNet(depth, in_channels=inner.in_channels, num_classes=inner.num_classes, base=inner.base)
+            channels, classes = inner.in_channels, inner.num_classes
+            return exit_cnn(inner.name, depth, in_channels=channels, num_classes=classes, base=inner.base)
         return ExitBert(inner.spec, depth)
 
     def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
@@ -518,4 +632,5 @@ class ExitFamily:
             batch_size=batch_size,
             base=inner.base,
             optimizer=optimizer,
+            model_name=inner.name,
         )

@@ -31,7 +31,7 @@ from models.data import (
     server_stats_set,
     server_test_set,
 )
-from models.exits import ExitBert, ExitConvNet, evaluate_exits
+from models.exits import EXIT_MODELS, evaluate_exits
 from models.images import image_shape
 from models.training import evaluate_classifier, use_threads
 from server.checkpoint import (
@@ -125,7 +125,7 @@ class CentralEvaluator:
         per_domain: dict[str, dict[str, float]] = {}
         for domain, loader in self.loaders.items():
             evaluated = self.family.for_evaluation(model, self.stats.get(domain))
-            if isinstance(evaluated, ExitConvNet | ExitBert):  # a multi-exit model: each exit's accuracy too
+            if isinstance(evaluated, EXIT_MODELS):  # a multi-exit model: each exit's accuracy too
                 per_domain[domain] = evaluate_exits(evaluated, loader).metrics()
             else:
                 loss, acc, _ = evaluate_classifier(evaluated, loader)

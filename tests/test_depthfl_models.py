@@ -1,4 +1,4 @@
-"""DepthFL's multi-exit models (conv net, transformer): prefix states, exits, ensemble, sBN, catalogs."""
+"""DepthFL's multi-exit models (conv net, ResNet, transformer): prefix states, exits, ensemble, sBN, catalogs."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from models.cnn import ConvNet, recompute_bn_statistics
+from models.cnn import ConvNet, PreResNet, recompute_bn_statistics
 from models.exits import (
     ExitBert,
     ExitConvNet,
     ExitFamily,
     ExitHead,
+    ExitPreResNet,
     ExitsError,
     ensemble_logits,
     evaluate_exits,
@@ -21,6 +22,8 @@ from models.exits import (
     exit_conv_catalog,
     exit_conv_layout,
     exit_conv_place,
+    exit_preresnet_place,
+    exits_logits_and_loss,
 )
 from models.family import CNNFamily, ModelFamily, TransformerFamily
 from models.training import evaluate_classifier
@@ -141,6 +144,83 @@ def test_a_depth_beyond_the_conv_nets_blocks_is_refused() -> None:
         ExitConvNet(4, in_channels=1, num_classes=3, base=BASE)
 
 
+# --- the multi-exit pre-activation ResNet-18 ---------------------------------------------------
+
+PBASE = (2, 4, 4, 8)  # one width per stage
+
+
+def test_a_shallower_resnet_is_a_prefix_of_the_deepest_and_keeps_the_resnets_names() -> None:
+    deepest = shapes(ExitPreResNet(4, in_channels=1, num_classes=5, base=PBASE))
+    resnet = shapes(PreResNet(1.0, in_channels=1, num_classes=5, base=PBASE))
+    assert {k: s for k, s in deepest.items() if not k.startswith("exits.")} == {
+        k: s for k, s in resnet.items() if k.startswith(("stem.", "stages."))
+    }
+    for depth in (1, 2, 3):
+        sub = shapes(ExitPreResNet(depth, in_channels=1, num_classes=5, base=PBASE))
+        assert all(deepest[k] == s for k, s in sub.items())
+        assert {k.split(".")[1] for k in sub if k.startswith(("stages.", "exits."))} == {str(i) for i in range(depth)}
+    assert deepest["exits.1.linear.weight"] == (5, 4) and deepest["exits.1.norm.weight"] == (4,)
+
+
+def test_the_deepest_resnet_exit_is_the_full_resnets_head() -> None:
+    torch.manual_seed(0)
+    resnet = PreResNet(1.0, in_channels=1, num_classes=5, base=PBASE)
+    exits = ExitPreResNet(4, in_channels=1, num_classes=5, base=PBASE)
+    state = resnet.state_dict()
+    renamed = {"norm.": "exits.3.norm.", "classifier.": "exits.3.linear."}
+    mapped = {
+        next((new + k[len(old) :] for old, new in renamed.items() if k.startswith(old)), k): v for k, v in state.items()
+    }
+    missing, unexpected = exits.load_state_dict(mapped, strict=False)
+    assert not unexpected and all(k.startswith(("exits.0.", "exits.1.", "exits.2.")) for k in missing)
+    x = torch.randn(3, 1, 8, 8)
+    logits = exits.exit_logits(x)
+    assert [tuple(z.shape) for z in logits] == [(3, 5)] * 4
+    torch.testing.assert_close(logits[-1], resnet(x))
+    torch.testing.assert_close(exits(x), ensemble_logits(logits))
+
+
+def test_the_resnet_layout_places_the_stem_at_layer_0_and_stage_and_exit_s_at_layer_s() -> None:
+    layout = exit_conv_layout(2, in_channels=1, num_classes=3, base=PBASE, model_name="preresnet18")
+    placed = {p.name: (p.layer, p.role) for p in layout}
+    assert placed["stem.weight"] == (0, "shared")
+    assert placed["stages.1.0.shortcut.weight"] == (1, "shared")
+    assert placed["exits.1.linear.bias"] == (1, "head") and placed["exits.0.norm.weight"] == (0, "head")
+    with pytest.raises(ExitsError, match="not a tensor"):
+        exit_preresnet_place("classifier.weight")
+
+
+def test_the_resnet_catalog_estimates_activations_of_a_variants_own_stages() -> None:
+    # 8x8 images, batch 1, widths (2, 4, 4, 8): the stem and stage 0's four convs at 2x8x8 = 128
+    # elements each; stage 1 (five convs with the projection) at 4x4x4 = 64, stage 2 at 4x2x2 = 16,
+    # stage 3 at 8x1x1 = 8
+    catalog = exit_conv_catalog(
+        [("weak", 1), ("strong", 4)], in_channels=1, num_classes=3, image_size=8, batch_size=1, base=PBASE,
+        model_name="preresnet18",
+    )  # fmt: skip
+    weak, strong = catalog.variants
+    assert catalog.family == "exits:preresnet18" and (weak.depth, strong.depth) == (1, 4)
+    assert weak.memory.activations == 4 * 4 * (5 * 128)
+    assert strong.memory.activations == 4 * 4 * (5 * 128 + 5 * 64 + 5 * 16 + 5 * 8)
+
+
+def test_the_resnet_trains_every_stage_and_exit_on_the_self_distillation_loss() -> None:
+    torch.manual_seed(0)
+    model = ExitPreResNet(2, in_channels=1, num_classes=3, base=PBASE)
+    batch = {"x": torch.randn(4, 1, 8, 8), "labels": torch.tensor([0, 1, 2, 0])}
+    logits, loss = exits_logits_and_loss(model, batch, weight=0.5)
+    loss.backward()
+    assert tuple(logits.shape) == (4, 3)
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in model.parameters())
+
+
+def test_a_resnet_depth_beyond_its_stages_is_refused() -> None:
+    with pytest.raises(ExitsError, match=r"depth must be in 1 \.\. 4"):
+        ExitPreResNet(5, in_channels=1, num_classes=3, base=PBASE)
+    with pytest.raises(ExitsError, match="4 stages"):
+        ExitPreResNet(1, in_channels=1, num_classes=3, base=BASE)
+
+
 # --- the multi-exit transformer ---------------------------------------------------------------
 
 TINY = TransformerSpec(source="tiny", num_labels=3)
@@ -220,7 +300,13 @@ CONV_FAMILY = CNNFamily(name="conv", base=BASE, in_channels=1, num_classes=3)
 
 
 @pytest.mark.parametrize(
-    "family", [ExitFamily(CONV_FAMILY), ExitFamily(TransformerFamily(TINY))], ids=["conv", "transformer"]
+    "family",
+    [
+        ExitFamily(CONV_FAMILY),
+        ExitFamily(CNNFamily(name="preresnet18", base=PBASE, in_channels=1, num_classes=3)),
+        ExitFamily(TransformerFamily(TINY)),
+    ],
+    ids=["conv", "preresnet18", "transformer"],
 )
 def test_every_variant_starts_from_a_prefix_of_one_deepest_model(family: ExitFamily) -> None:
     as_family: ModelFamily = family  # the protocol the apps use
@@ -231,7 +317,7 @@ def test_every_variant_starts_from_a_prefix_of_one_deepest_model(family: ExitFam
     assert all(torch.equal(t, strong[k]) for k, t in weak.items())
     model = as_family.build(catalog.get("weak"))
     model.load_state_dict(weak, strict=False)
-    assert isinstance(model, ExitBert | ExitConvNet) and model.exits is not None
+    assert isinstance(model, ExitBert | ExitConvNet | ExitPreResNet) and model.exits is not None
     again = family.initial_states(catalog, seed=3)["strong"]
     assert all(torch.equal(t, again[k]) for k, t in strong.items())
 
@@ -258,6 +344,6 @@ def test_the_conv_family_evaluates_with_static_batch_norm_statistics_and_has_no_
         family.width_rules(catalog)
 
 
-def test_only_the_conv_net_or_a_transformer_is_cut_into_exits() -> None:
-    with pytest.raises(ExitsError, match="not 'preresnet18'"):
-        ExitFamily(CNNFamily(name="preresnet18", base=BASE, in_channels=1, num_classes=3))
+def test_only_heterofls_cnns_or_a_transformer_are_cut_into_exits() -> None:
+    with pytest.raises(ExitsError, match="not 'vgg'"):
+        ExitFamily(CNNFamily(name="vgg", base=BASE, in_channels=1, num_classes=3))

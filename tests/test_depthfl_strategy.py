@@ -105,7 +105,7 @@ def test_a_negative_distillation_weight_is_refused_before_round_1() -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"model": "preresnet18"}, r"run config 'model': 'depthfl' cuts HeteroFL's 'conv' CNN"),
+        ({"model": "preresnet18", "tier-layers": "1:2:5"}, r"in 1 \.\. 4 \(the model's stages\)"),
         ({"model": "conv", "cnn-widths": "4:8:16:32", "tier-layers": "1:2:5"}, r"strictly increasing in 1 \.\. 4"),
         ({"model": "tiny", "tier-layers": "2:4:7"}, r"strictly increasing in 1 \.\. 6"),
         ({"model": "conv", "tier-layers": "1:2"}, "'tier-layers' has 2 entries but 'tiers' has 3"),
