@@ -258,11 +258,11 @@ def exit_cnn(
     model_name: str, depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]
 ) -> ExitConvNet | ExitPreResNet:
     """The multi-exit ``model_name`` (``"conv"``: :class:`ExitConvNet`; ``"preresnet18"``: :class:`ExitPreResNet`)."""
-    if model_name == CONV:
-        return ExitConvNet(depth, in_channels=in_channels, num_classes=num_classes, base=base)
-    if model_name == PRERESNET18:
-        return ExitPreResNet(depth, in_channels=in_channels, num_classes=num_classes, base=base)
-    raise ExitsError(f"multi-exit models cut the {CONV!r} or {PRERESNET18!r} CNN, not {model_name!r}")
+    models: dict[str, type[ExitConvNet] | type[ExitPreResNet]] = {CONV: ExitConvNet, PRERESNET18: ExitPreResNet}
+    model = models.get(model_name)
+    if model is None:
+        raise ExitsError(f"multi-exit models cut the {CONV!r} or {PRERESNET18!r} CNN, not {model_name!r}")
+    return model(depth, in_channels=in_channels, num_classes=num_classes, base=base)
 
 
 def exit_cnn_place(model_name: str) -> Callable[[str], tuple[int | None, Role]]:
