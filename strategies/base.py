@@ -466,6 +466,7 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
             report.add(variant, "bytes-up", entry.nbytes)
         accepted = [replace(entry, tensors={}) for entry in accepted]  # folded: the tensors go
         self.apply_round(server_round, sums.result(), counts)
+        del sums  # what the method did not keep goes before the state is serialized
         self._compose_state()
         out = self.summarize_replies(server_round, accepted)
         for variant, c in counts.items():
@@ -558,8 +559,8 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
 
         The entries keep their tensors only with ``keep_tensors``; otherwise each reply's
         tensors are dropped once folded, so a lazy stream of replies is folded and released one
-        reply at a time.  A group's median stands for the whole group, weighted by the group's
-        total examples, so the method's cross-group math is unchanged.
+        reply at a time.  A group's median stands for the whole group (the sums weigh it by the
+        group's total examples, or its reply count), so the method's cross-group math is unchanged.
         """
         buffers: dict[str, MedianBuffer] = {}
         kept: list[Accepted] = []

@@ -474,14 +474,14 @@ class CoverageSums:
     A reply of variant ``v`` adds ``w x`` at ``index_sets(v)`` (the leading slice, or FedRolex's
     window of the round) with ``w = weight(examples, 1)``; a variant's median stands for its
     replies with ``w = weight(examples, replies)``.  The full-size sums are allocated on the
-    first reply; :meth:`result` is ``None`` without one.
+    first reply, over the global model ``full()`` then; :meth:`result` is ``None`` without one.
     """
 
     rebuildable = True
 
     def __init__(
         self,
-        full: Mapping[str, Tensor],
+        full: Callable[[], Mapping[str, Tensor]],
         rules: WidthRules,
         index_sets: Callable[[str], IndexSets],
         weight: GroupWeight,
@@ -494,7 +494,7 @@ class CoverageSums:
 
     def _scatter(self, variant: str, tensors: Mapping[str, Tensor], weight: float) -> None:
         if self.coverage is None:
-            self.coverage = CoverageMean(self.full, self.rules)
+            self.coverage = CoverageMean(self.full(), self.rules)
         self.coverage.add(tensors, self.index_sets(variant), weight)
 
     def add(self, entry: Accepted, tensors: Mapping[str, Tensor]) -> None:  # noqa: D102
@@ -601,7 +601,7 @@ class HeteroFL(HeterogeneousStrategy[CoverageMean | None]):
     def new_round_sums(self) -> CoverageSums:
         """The coverage sums of the global model, each reply scattered at its variant's index sets this round."""
         weight = by_examples if self.weighting == "examples" else by_replies
-        return CoverageSums(self.state[self.GLOBAL], self.rules, self.index_sets, weight)
+        return CoverageSums(lambda: self.state[self.GLOBAL], self.rules, self.index_sets, weight)
 
     def method_state(self) -> dict[str, Any]:
         """The FedAdam state of the global model (unused with ``server_optimizer="average"``)."""

@@ -218,8 +218,7 @@ class Upload:
 class KeptUploads:
     """pFedKnow's round sums (:class:`~strategies.round_sums.RoundSums`): every accepted upload with its masks.
 
-    Not rebuildable (each upload is checked finite on its own, a reply's finiteness, not a
-    sum's); no median (pFedKnow's options forbid it).
+    Not rebuildable (each upload is checked finite on its own); no median (its options forbid it).
     """
 
     rebuildable = False

@@ -11,7 +11,7 @@ from the replies that pass; sums that are not rebuildable (a reply became a node
 was folded) are fed only replies checked one by one.
 
 The sums of the methods: :class:`GroupMeans` (the example-weighted mean per variant, or per one
-global group: InclusiveFL, co-distillation, DepthFL, the one-variant baselines),
+global group: InclusiveFL and its one-variant baselines, co-distillation, DepthFL),
 :class:`NodeModels` (each reply becomes its node's model: the Local baseline), HeteroFL's
 coverage sums (:class:`strategies.heterofl.CoverageSums`), FlexiFed's architecture sums
 (:class:`strategies.flexifed.FlexiFedSums`) and pFedKnow's kept uploads
