@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
 import torch
 
+from experiment.config import RunConfig
+from server.app import build_strategy
 from strategies.baselines import LocalTraining
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
+from strategies.grid import PromptGrid
 from strategies.inclusivefl import InclusiveFL
+from tests.flower_runs import tiny_budgets
+from tests.handlers import task_identity
+from tests.test_held import LoopGrid
 from tests.toy import constant_state, reply, sent, toy_catalog, trained
+
+__all__ = ["task_identity"]  # a fixture
 
 DEPTHS = {"weak": 1, "strong": 3}
 
@@ -51,3 +62,26 @@ def test_one_variant_inclusivefl_is_fedadam_on_the_weighted_mean() -> None:
     expected = fedadam_step(start, mean_delta, FedAdamState(), cfg)
     for k, v in expected.items():
         assert torch.allclose(s.state["strong"][k], v, atol=1e-6), k
+
+
+@pytest.mark.parametrize(
+    ("method", "expected_clients"),
+    [
+        ("all-large", {"strong": 6}),  # memory ignored: everyone trains the largest
+        ("exclusive", {"strong": 2}),  # only the nodes that fit the largest take part
+        ("all-small", {"weak": 6}),  # everyone fits the smallest
+    ],
+)
+def test_baselines_assign_variants_as_the_paper_defines(
+    task_identity: None, method: str, expected_clients: dict[str, int]
+) -> None:
+    """The server's offer and the real ClientApp's answers (in-process, 6 nodes at 1:1:1 of the tiny budgets).
+
+    ``local`` (every tier its own variant) runs as a Ray simulation in tests/test_simulation.py.
+    """
+    run = {"model": "tiny", "method": method, "tier-memory-mb": tiny_budgets()}
+    strategy = build_strategy(RunConfig.model_validate(run))
+    grid = PromptGrid(LoopGrid(run, nodes=6), poll_interval=0.0)  # type: ignore[arg-type]
+    nodes = strategy.eligible_nodes(grid)
+    chosen = Counter(strategy.profiles[n].variant for n in nodes)
+    assert dict(chosen) == expected_clients
