@@ -39,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from client.warm import pull_backoff, quick_pull_retries
+from experiment.retry import PUSH_RETRY_WAITS_S, retry_until
 
 IDLE_ENV = "HETFL_SUPERNODE_IDLE_S"
 #: How long an ``INTERNAL`` error of the SuperLink is retried since the last successful call, seconds.
@@ -182,6 +183,53 @@ def retry_transient_errors(module: Any, patience_s: float = TRANSIENT_PATIENCE_S
     vars(module)["_make_fleet_connection_retry_invoker"] = make_fleet_connection_retry_invoker
 
 
+class RetriedPush:
+    """A SuperNode's ``push_object(run_id, session_id, object_id, contents)`` retried while unstored.
+
+    Flower's ``push_object`` raises ``ObjectPushError`` when the SuperLink answers ``stored=False``;
+    the push is attempted again on ``waits`` (:func:`experiment.retry.retry_until`) and the
+    last error raised if it never was stored.
+    """
+
+    def __init__(
+        self,
+        push: Callable[[int, str, str, bytes], None],
+        waits: tuple[float, ...] = PUSH_RETRY_WAITS_S,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.push = push
+        self.waits = waits
+        self.sleep = sleep
+
+    def __call__(self, run_id: int, session_id: str, object_id: str, contents: bytes) -> None:
+        """Push one object of a reply; ``ObjectPushError`` if no attempt was stored."""
+        from flwr.supercore.inflatable.inflatable_utils import ObjectPushError
+
+        errors: list[ObjectPushError] = []
+
+        def attempt() -> bool:
+            try:
+                self.push(run_id, session_id, object_id, contents)
+            except ObjectPushError as err:
+                errors.append(err)
+                return False
+            return True
+
+        if not retry_until(attempt, f"the reply's object {object_id}", self.waits, self.sleep):
+            raise errors[-1]
+
+
+def retry_unstored_pushes(module: Any) -> None:
+    """Make ``module._push_messages`` (the SuperNode's reply push) retry an unstored object (:class:`RetriedPush`)."""
+    push_messages = module._push_messages
+
+    @functools.wraps(push_messages)
+    def _push_messages(*, push_object: Callable[[int, str, str, bytes], None], **kwargs: Any) -> None:
+        push_messages(push_object=RetriedPush(push_object), **kwargs)
+
+    vars(module)["_push_messages"] = _push_messages
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m client.supernode [flower-supernode args]``."""
     import flwr.supernode.start_client_internal as supernode
@@ -189,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shorten_waits(idle_seconds(), pull_backoff())
     retry_transient_errors(supernode)
+    retry_unstored_pushes(supernode)
     sys.argv = ["flower-supernode", *(sys.argv[1:] if argv is None else argv)]
     flower_supernode()
     return 0

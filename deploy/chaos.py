@@ -360,7 +360,8 @@ class ChaosCluster:
         while len(read_rows(folder)) <= rounds:  # row 0 is the initial evaluation
             output = self.run_output()
             failed = procs["run"].poll() not in (None, 0)
-            if failed and (not (folder / ROUNDS_FILE).exists() or SERVERAPP_FAILED in output):
+            # the ServerApp's own failure ends the run at once (`flwr run --stream` may go on for minutes)
+            if SERVERAPP_FAILED in output or (failed and not (folder / ROUNDS_FILE).exists()):
                 raise ChaosError(f"run {name!r} failed (`flwr run` exit {procs['run'].returncode}):\n{output[-3000:]}")
             if procs["superlink"].poll() is not None:
                 raise ChaosError(f"the SuperLink exited ({procs['superlink'].returncode}) during run {name!r}")

@@ -68,9 +68,13 @@ class Security:
 def superlink_command(
     *, fleet_address: str, host: str, port: int, database: Path | None, security: Security | None = None
 ) -> list[str]:
-    """``flower-superlink`` over gRPC (``grpc-rere``), runtime installs off, optionally TLS + auth."""
+    """``flower-superlink`` over gRPC (``grpc-rere``), runtime installs off, optionally TLS + auth.
+
+    Run as ``python -m server.superlink`` (Flower's SuperLink with SQLite's busy timeout raised,
+    ``HETFL_SQLITE_BUSY_TIMEOUT_MS``).
+    """
     cmd = [
-        str(BIN / "flower-superlink"), "--disable-runtime-dependency-installation",
+        sys.executable, "-m", "server.superlink", "--disable-runtime-dependency-installation",
         "--fleet-api-type", "grpc-rere", "--fleet-api-address", fleet_address, "--host", host, "--port", str(port),
     ]  # fmt: skip
     if database is not None:
@@ -424,7 +428,7 @@ def host_commands(superlink: str, tiers: Sequence[str], *, tls: bool = False, au
     if tls:
         lines.append(f"python -m deploy.certs superlink --out certs --hosts {superlink}")
     lines.append(
-        f"flower-superlink {sec_link} --disable-runtime-dependency-installation --fleet-api-type grpc-rere "
+        f"python -m server.superlink {sec_link} --disable-runtime-dependency-installation --fleet-api-type grpc-rere "
         "--fleet-api-address 0.0.0.0:9092 --host 0.0.0.0 --port 9093 --database state.db"
     )
     names = [f"{i}-{t}" for i, t in enumerate(tiers)]

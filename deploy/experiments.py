@@ -390,8 +390,10 @@ def check_runs(planned: Sequence[PlannedRun]) -> None:
     Raises
     ------
     SuiteError
-        Naming the run and what its configuration cannot do, so a suite with a bad row stops
-        before hours of the good ones, not after.
+        Naming the run and what its configuration cannot do (an invalid key, or a tier plan in
+        which a tier trains nothing or a variant trains on no node: the row would not measure
+        what its label says), so a suite with a bad row stops before hours of the good ones,
+        not after.
 
     """
     from deploy.preflight import preflight
@@ -403,6 +405,8 @@ def check_runs(planned: Sequence[PlannedRun]) -> None:
             found = preflight(pr.run_config, num_nodes=pr.supernodes)
         except ConfigError as exc:
             raise SuiteError(f"{pr.label} seed {pr.seed}: {exc}") from None
+        if found.plan_warnings:  # a table row must train what its label says: each tier its variant
+            raise SuiteError(f"{pr.label} seed {pr.seed}: {'; '.join(found.plan_warnings)}")
         for line in found.lines()[1:]:
             if line not in shown:
                 shown.add(line)

@@ -57,6 +57,8 @@ class Preflight:
     tiers: list[TierAssignment]
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The warnings about the tier plan (a tier that trains nothing, a variant no node trains).
+    plan_warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """A few console lines: the tiers' variants, then notes and warnings."""
@@ -140,10 +142,11 @@ def preflight(
     if nodes_per_tier is None:
         nodes_per_tier = simulated_tier_nodes(cfg, num_nodes) if num_nodes else dict.fromkeys(cfg.tier_names, 1)
     plan = plan_tiers(cfg, nodes_per_tier)
-    warnings = ignored + check_plan(cfg, plan)
+    plan_warnings = check_plan(cfg, plan)
+    warnings = ignored + plan_warnings
     if num_nodes and data_note is None and cfg.partitioner == "dirichlet":  # an IID split always draws
         try:
             check_partitioning(cfg.data_spec(), num_nodes)
         except DataError as exc:
             raise PreflightError(str(exc)) from None
-    return Preflight(cfg, plan, warnings, notes)
+    return Preflight(cfg, plan, warnings, notes, plan_warnings)

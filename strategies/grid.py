@@ -2,7 +2,9 @@
 
 Flower 1.39's deployment grid (``HttpGrid.send_and_receive``) sleeps 3 s between pulls of the
 replies; :class:`PromptGrid` wraps any grid and polls every ``poll_interval`` seconds instead
-(``HETFL_REPLY_POLL_S``, :meth:`strategies.base.HeterogeneousStrategy.start`).
+(``HETFL_REPLY_POLL_S``, :meth:`strategies.base.HeterogeneousStrategy.start`), bounds the bytes
+it pulls per reply (:mod:`strategies.pull_bound`) and pushes again an object the SuperLink did not
+store (:mod:`strategies.runtime_client`).
 :class:`HeldArraysGrid` adds the server's side of :mod:`experiment.held`: arrays a node holds are
 left out of its messages (:class:`HeldArrays`), and a node that lost them gets its message again
 whole in the same round.
@@ -39,6 +41,7 @@ from experiment.held import (
 from experiment.protocol import ARRAYS
 from experiment.switches import env_switch
 from strategies.pull_bound import bound_pulls
+from strategies.runtime_client import retry_pushes
 
 
 class PromptGrid(Grid):
@@ -71,7 +74,9 @@ class PromptGrid(Grid):
     def get_nodes(self) -> Iterable[Any]:  # noqa: D102
         return self.grid.get_nodes()
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """The wrapped grid's push, an object the SuperLink did not store pushed again (:mod:`experiment.retry`)."""
+        retry_pushes(self.grid)
         return self.grid.push_messages(messages)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -260,7 +265,7 @@ class HeldArraysGrid(PromptGrid):
         batch = list(messages)
         for msg in batch:
             self.held.bundle_message(msg)
-        ids = list(self.grid.push_messages(batch))
+        ids = list(super().push_messages(batch))
         self._pushed.update(zip(ids, batch, strict=True))
         return ids
 
@@ -286,7 +291,7 @@ class HeldArraysGrid(PromptGrid):
             if reply.has_error() and reply.error.code == HELD_MISSING_CODE and got == first:
                 log(WARNING, "node %d: %s; sending message %s again whole", sent.metadata.dst_node_id,
                     reply.error.reason, first)  # fmt: skip
-                (again,) = self.grid.push_messages([self.held.whole(sent)])
+                (again,) = super().push_messages([self.held.whole(sent)])
                 self._alias[first], self._resent[again] = again, first
                 continue
             self.held.received(reply)

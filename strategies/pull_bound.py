@@ -48,6 +48,7 @@ from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
 from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
 
 from models.catalog import VariantCatalog
+from strategies.runtime_client import ClientWrapper, wrap_runtime_client
 from strategies.validation import max_payload_bytes
 
 #: Bytes a reply may hold besides its arrays' payload (records, metrics, object headers).
@@ -129,7 +130,7 @@ class ReplyPull:
         )
 
 
-class BoundedPulls:
+class BoundedPulls(ClientWrapper):
     """Flower's runtime client with each reply's pulled bytes counted and cut at ``bound``.
 
     ``PullObject`` is read once per reply of the last ``PullMessages`` answer, in its order
@@ -138,14 +139,11 @@ class BoundedPulls:
     """
 
     def __init__(self, client: Any, bound: int) -> None:
-        self.client = client
+        super().__init__(client)
         self.bound = bound
         self._lock = threading.Lock()
         self._next: deque[ReplyPull] = deque()  # the last answer's replies not yet pulled
         self.stopped: dict[str, int] = {}  # reply id -> bytes pulled for it when it was first stopped
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
 
     def PullMessages(self, request: Any) -> Any:
         """Pull the replies' headers; prepare one :class:`ReplyPull` per reply, in the answer's order."""
@@ -185,13 +183,7 @@ def _unattributed_pull(request: Any) -> Any:
 def bound_pulls(grid: Any, bound: int) -> bool:
     """Wrap the runtime client of Flower's deployment grid in :class:`BoundedPulls` (again if it reconnected).
 
-    Flower 1.39's ``HttpGrid`` keeps its client in ``_client`` behind the ``_runtime_client``
-    property (which connects on first use); a grid without one (the simulation's in-memory
-    grid, whose replies come from the same process's Ray actors) is left alone: ``False``.
+    A grid without one (the simulation's in-memory grid) is left alone: ``False``
+    (:func:`strategies.runtime_client.wrap_runtime_client`).
     """
-    if not hasattr(type(grid), "_runtime_client"):
-        return False
-    client = grid._runtime_client
-    if not isinstance(client, BoundedPulls):
-        grid._client = BoundedPulls(client, bound)
-    return True
+    return wrap_runtime_client(grid, BoundedPulls, lambda client: BoundedPulls(client, bound))

@@ -221,7 +221,7 @@ def test_a_hostile_clientapp_is_rejected_each_round_and_never_touches_the_model(
     memory = ServerAppMemory(result_folder(chaos, "hostile") / "rounds.jsonl")
     memory.start()
     try:
-        result = chaos.run("hostile", _config(), rounds, app=app)
+        result = chaos.run("hostile", _config(), rounds, app=app, timeout=1200.0)  # 10 rounds: 700-900 s on CI
     finally:
         memory.done.set()
         memory.join()

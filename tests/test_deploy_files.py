@@ -200,10 +200,10 @@ def test_generated_certificates_chain_to_the_ca_and_keys_load_as_flower_loads_th
 @pytest.mark.parametrize(("tls", "auth"), [(False, False), (True, False), (True, True)])
 def test_print_hosts_uses_only_existing_flags(tls: bool, auth: bool) -> None:
     lines = host_commands("10.0.0.5", list(TIERS), tls=tls, auth=auth)
-    link = next(line for line in lines if line.startswith("flower-superlink"))
+    link = next(line for line in lines if line.startswith("python -m server.superlink "))  # flower-superlink's flags
     nodes = [line for line in lines if line.startswith("python -m client.supernode ")]  # flower-supernode's flags
     assert len(nodes) == len(TIERS)
-    assert flags(link.split()) <= help_flags("flower-superlink")
+    assert flags(link.split()[3:]) <= help_flags("flower-superlink")
     assert "--disable-runtime-dependency-installation" in link
     for node in nodes:
         assert flags(node.split()[3:]) <= help_flags("flower-supernode")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -303,6 +304,24 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert out.count(": to run") == 8 and "[8/8] HeteroFL a-b-c-d-e seed 43" in out
     assert not (tmp_path / "runs").exists() and not (tmp_path / "table.md").exists()
+
+
+def test_every_shipped_cpu_row_gives_each_tier_its_own_variant() -> None:
+    """Pre-flight of every row (first seed) of every suite's cpu preset: no tier idle, no variant untrained.
+
+    The inclusivefl-table2 and depthfl-text HeteroFL rows once ran under the depth tiers' memory
+    budgets, in which the weak tier fit no width and the medium tier the weak one.
+    """
+    for name in ex.available_suites():
+        ex.check_runs(ex.plan_runs(ex.load_suite(name), "cpu", seeds=1))  # raises SuiteError naming the row
+
+
+def test_a_row_whose_tier_plan_leaves_a_variant_untrained_stops_the_suite(tmp_path: Path) -> None:
+    (good,) = ex.plan_runs(ex.load_suite("tiny"), "cpu", seeds=1)
+    squeezed = good.run_config.replace("tier-memory-mb='auto'", "tier-memory-mb='100:900:1100'")
+    bad = dataclasses.replace(good, label="squeezed", run_config=squeezed)
+    with pytest.raises(ex.SuiteError, match=r"squeezed seed 42: tier .weak. \(1 nodes\) trains nothing"):
+        ex.check_runs([bad])
 
 
 # ------------------------------------------------------------------------------- end to end
