@@ -30,7 +30,6 @@ process only.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from typing import Any
 
 from client.warm import pull_backoff, quick_pull_retries
 from experiment.retry import PUSH_RETRY_WAITS_S, retry_until
+from experiment.switches import env_positive
 
 IDLE_ENV = "HETFL_SUPERNODE_IDLE_S"
 #: How long an ``INTERNAL`` error of the SuperLink is retried since the last successful call, seconds.
@@ -50,16 +50,7 @@ IDLE_S = 0.2
 
 def idle_seconds() -> float:
     """``$HETFL_SUPERNODE_IDLE_S`` or :data:`IDLE_S` (``ValueError`` naming the variable if not a number > 0)."""
-    raw = os.environ.get(IDLE_ENV, "").strip()
-    if not raw:
-        return IDLE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{IDLE_ENV}={raw!r}: expected seconds, a number > 0 (Flower's own wait is 3)") from None
-    if not value > 0:
-        raise ValueError(f"{IDLE_ENV}={raw!r}: expected seconds, a number > 0 (Flower's own wait is 3)")
-    return value
+    return env_positive(IDLE_ENV, IDLE_S, float, "seconds, a number > 0 (Flower's own wait is 3)")
 
 
 class CappedSleepTime(ModuleType):

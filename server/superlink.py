@@ -26,9 +26,10 @@ started otherwise (the official ``flwr/superlink`` image of ``docker/compose.yam
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
+
+from experiment.switches import env_positive
 
 BUSY_ENV = "HETFL_SQLITE_BUSY_TIMEOUT_MS"
 #: How long a SuperLink connection waits for SQLite's write lock, milliseconds (Flower's: 5000).
@@ -37,16 +38,7 @@ BUSY_TIMEOUT_MS = 60_000
 
 def busy_timeout_ms() -> int:
     """``$HETFL_SQLITE_BUSY_TIMEOUT_MS`` or :data:`BUSY_TIMEOUT_MS` (``ValueError`` naming it unless an int > 0)."""
-    raw = os.environ.get(BUSY_ENV, "").strip()
-    if not raw:
-        return BUSY_TIMEOUT_MS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(f"{BUSY_ENV}={raw!r}: expected milliseconds, an integer > 0 (Flower's own is 5000)")
-    return value
+    return env_positive(BUSY_ENV, BUSY_TIMEOUT_MS, int, "milliseconds, an integer > 0 (Flower's own is 5000)")
 
 
 def with_busy_timeout(pragmas: Sequence[tuple[str, str]], milliseconds: int) -> tuple[tuple[str, str], ...]:

@@ -66,7 +66,8 @@ class Runtime:
         self.confirmed.append(request.message_object_id)
 
 
-def flower_grid(runtime: Runtime) -> HttpGrid:
+def flower_grid(runtime: Any) -> HttpGrid:
+    """Flower's deployment grid, connected to ``runtime`` (a stand-in for the SuperLink's runtime API)."""
     grid = HttpGrid(token="test")
     grid._client = runtime  # type: ignore[assignment]  # connected, to the stand-in
     grid._run = SimpleNamespace(run_id=1)  # type: ignore[assignment]

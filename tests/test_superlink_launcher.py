@@ -19,7 +19,6 @@ from flwr.proto.runtime_pb2 import PushAppMessagesResponse
 from flwr.supercore.constant import SQLITE_PRAGMAS
 from flwr.supercore.inflatable.inflatable_utils import ObjectPushError
 from flwr.supercore.object_store.sql_object_store import SqlObjectStore
-from flwr.superlink.grid.http_grid import HttpGrid
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
@@ -30,6 +29,7 @@ from server.superlink import BUSY_ENV, BUSY_TIMEOUT_MS, busy_timeout_ms, raise_b
 from strategies.grid import PromptGrid
 from strategies.pull_bound import BoundedPulls, bound_pulls
 from strategies.runtime_client import RetriedPushes, has_wrapper, retry_pushes
+from tests.test_pull_bound import flower_grid
 
 
 def test_the_busy_timeout_is_replaced_in_place_and_added_first_when_missing() -> None:
@@ -146,22 +146,15 @@ def _message() -> Message:
     return make_message(metadata=meta, content=content)
 
 
-def _grid(runtime: Any) -> HttpGrid:
-    grid = HttpGrid(token="test")
-    grid._client = runtime  # type: ignore[assignment]  # connected, to the stand-in
-    grid._run = SimpleNamespace(run_id=1)  # type: ignore[assignment]
-    return grid
-
-
 def test_the_serverapp_pushes_an_unstored_object_again_where_flower_alone_ends_the_run() -> None:
     msg = _message()
     probe = PushRuntime()
-    _grid(probe).push_messages([_message()])
+    flower_grid(probe).push_messages([_message()])
     first = probe.objects[-1]  # a leaf object (an array chunk) of the message
     with pytest.raises(ObjectPushError):  # Flower's grid: the run would end (exit 201)
-        _grid(PushRuntime({first: 1})).push_messages([_message()])
+        flower_grid(PushRuntime({first: 1})).push_messages([_message()])
     runtime = PushRuntime({first: 1})
-    flower = _grid(runtime)
+    flower = flower_grid(runtime)
     ids = list(PromptGrid(flower).push_messages([msg]))
     assert ids == [msg.object_id]
     assert runtime.pushes.count(first) == 2 and runtime.unstored[first] == 0
@@ -179,7 +172,7 @@ def test_an_object_never_stored_is_answered_as_flower_would_after_the_retries() 
 def test_the_push_retry_and_the_pull_bound_wrap_the_runtime_client_once_each_in_either_order() -> None:
     for first, second in ((retry_pushes, bound_pulls), (bound_pulls, retry_pushes)):
         raw = PushRuntime()
-        grid = _grid(raw)
+        grid = flower_grid(raw)
         for step in (first, second, first, second):
             assert (bound_pulls(grid, 100) if step is bound_pulls else retry_pushes(grid)) is True
         client: Any = grid._client
