@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,29 @@ def test_supernodes_in_other_namespaces_train_over_grpc(tmp_path: Path) -> None:
         assert rows[1]["tiers"][tier]["clients"] == 1, rows[1]
         assert rows[1]["tiers"][tier]["layers"] == depths[tier], rows[1]
     assert rows[1]["failed"] == [] and rows[1]["rejected"] == [], rows[1]
+
+
+def _members(namespace: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False)
+    return out.stdout.split()
+
+
+@pytest.mark.deploy
+@pytest.mark.timeout(60)
+def test_removing_the_namespaces_kills_what_still_runs_inside() -> None:
+    """A process left in a namespace (a stuck ServerApp) does not outlive the network it ran in."""
+    reason = namespaces_available(("ip",))
+    if reason is not None:
+        pytest.fail(f"this test needs network namespaces: {reason}")
+    net = HostNetwork(nodes=1).create()
+    try:
+        proc = subprocess.Popen([*net.prefix(net.server), sys.executable, "-c", "import time; time.sleep(60)"])
+        deadline = time.monotonic() + 10
+        while not _members(net.server):
+            assert time.monotonic() < deadline, "the process never appeared in its namespace"
+            time.sleep(0.1)
+    finally:
+        net.remove()
+    assert proc.wait(timeout=10) == -9  # SIGKILLed by remove()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    assert net.server not in listed
