@@ -7,7 +7,7 @@ ServerApp's run ends, a SuperNode drops its reply).  A failed store leaves the o
 its push session (the claim of the pending object is rolled back with the failed write), so the
 same request can succeed a moment later.  Both pushing sides of this project retry it on the
 waits of :data:`PUSH_RETRY_WAITS_S` -- the ServerApp's runtime client
-(:class:`strategies.pull_bound.RetriedPushes`) and the SuperNode
+(:class:`strategies.runtime_client.RetriedPushes`) and the SuperNode
 (:func:`client.supernode.retry_unstored_pushes`) -- and give Flower the last answer.  A push
 that stays unstored (an expired or replaced session) fails as before, about 15 s later.
 :mod:`server.superlink` removes the common cause on the SuperLinks this project starts.

@@ -52,12 +52,15 @@ def test_the_busy_timeout_comes_from_the_environment_or_is_refused_naming_the_va
             busy_timeout_ms()
 
 
-def _write_while_locked(database: Path, hold_s: float) -> float:
-    """A write of Flower's SQL object store while another connection holds the write lock for ``hold_s``."""
+def _write_while_locked(database: Path, hold_s: float, busy_ms: int) -> float:
+    """A write of Flower's SQL object store while another connection holds the write lock for ``hold_s``.
+
+    The store's connections must wait ``busy_ms`` for a lock (checked before the lock is taken).
+    """
     store = SqlObjectStore(str(database))
     store.initialize()
     with store.session() as session:
-        busy = session.execute(text("PRAGMA busy_timeout")).scalar()
+        assert session.execute(text("PRAGMA busy_timeout")).scalar() == busy_ms
     holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # the write lock, as a long write of another request holds it
     release = threading.Timer(hold_s, lambda: holder.execute("COMMIT"))
@@ -69,7 +72,6 @@ def _write_while_locked(database: Path, hold_s: float) -> float:
     finally:
         release.join()
         holder.close()
-        assert busy is not None
 
 
 def test_a_flower_sql_store_waits_for_a_held_lock_only_within_its_busy_timeout(
@@ -78,14 +80,10 @@ def test_a_flower_sql_store_waits_for_a_held_lock_only_within_its_busy_timeout(
     """The failure of a loaded SuperLink and its fix, on Flower's own SQL store and SQLite file."""
     monkeypatch.setattr(sql_mixin, "SQLITE_PRAGMAS", with_busy_timeout(SQLITE_PRAGMAS, 200))
     with pytest.raises(OperationalError, match="database is locked"):
-        _write_while_locked(tmp_path / "short.db", hold_s=1.0)
+        _write_while_locked(tmp_path / "short.db", hold_s=1.0, busy_ms=200)
     monkeypatch.setattr(sql_mixin, "SQLITE_PRAGMAS", SQLITE_PRAGMAS)
     raise_busy_timeout(5_000)  # what python -m server.superlink does before Flower's SuperLink starts
-    store = SqlObjectStore(str(tmp_path / "check.db"))
-    store.initialize()
-    with store.session() as session:
-        assert session.execute(text("PRAGMA busy_timeout")).scalar() == 5_000
-    waited = _write_while_locked(tmp_path / "long.db", hold_s=1.0)
+    waited = _write_while_locked(tmp_path / "long.db", hold_s=1.0, busy_ms=5_000)
     assert 0.9 <= waited < 5.0, waited
 
 
