@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from experiment.lists import split_list
-from experiment.method_settings import CodistGroup
+from experiment.method_settings import CodistGroup, DepthFLGroup
 from models import cnn
 from models.family import parse_widths
 from models.transformer import full_config
@@ -83,6 +83,11 @@ def depthfl(cfg: RunConfig) -> None:
         raise ValueError(
             f"run config 'model': {cfg.method!r} cuts HeteroFL's 'conv' CNN (by block), its 'preresnet18' (by stage) "
             f"or a transformer into depths with an exit after each; got {cfg.model!r}"
+        )
+    if cfg.settings_of(DepthFLGroup).depthfl_exit_head != "linear" and cfg.model != cnn.CONV:
+        raise ValueError(
+            f"run config 'depthfl-exit-head': bottleneck exits are the {cnn.CONV!r} net's; {cfg.model!r} has exits "
+            "of its own form: set depthfl-exit-head = 'linear'"
         )
     depths = [int(x) for x in split_list(cfg.tier_layers, "tier-layers")]
     if len(depths) != len(cfg.tier_names):

@@ -330,6 +330,13 @@ class DepthFLGroup(SettingsGroup):
         description="DepthFL averages each layer over its holders with equal weights (Flower's baseline) instead "
         "of by their example counts.",
     )
+    depthfl_exit_head: Literal["linear", "bottleneck"] = Field(
+        "linear",
+        description="The conv net's exits: 'linear' (global average pooling and one linear layer after each "
+        "block) or 'bottleneck' (separable convolutions bring a block's features to the last block's channels "
+        "first, as DepthFL's shallow classifiers do; models/exit_heads.py). The ResNet's and the transformer's "
+        "exits have their own form.",
+    )
 
 
 #: Every group, in the order the key reference lists them.

@@ -132,8 +132,9 @@ class MethodEntry:
         The method's own configuration check (:mod:`experiment.method_checks`), run after the
         checks every method shares; raises ``ValueError`` naming the key and the fix.
     family_hook : callable, optional
-        For a method with models of its own (DepthFL's exits): ``run's family -> the method's``
-        (:class:`MethodModels`), which builds the variants and makes the catalog from ``tier-layers``.
+        For a method with models of its own (DepthFL's exits): ``(run's family, run config) -> the
+        method's`` (:class:`MethodModels`), which builds the variants and makes the catalog from
+        ``tier-layers``; the run config gives the method's model settings.
     local_loss : callable, optional
         What the clients of a ``supervised`` method minimize when it is not the cross-entropy
         (:data:`LocalLoss`; DepthFL: its exits' self-distillation with the round's weight).
@@ -154,7 +155,7 @@ class MethodEntry:
     needs_family: str = ""
     settings: tuple[type[SettingsGroup], ...] = ()
     check: Callable[[RunConfig], None] | None = None
-    family_hook: Callable[[ModelFamily], MethodModels] | None = None
+    family_hook: Callable[[ModelFamily, RunConfig], MethodModels] | None = None
     local_loss: LocalLoss | None = None
 
 
@@ -216,11 +217,14 @@ def _pfedknow(name: str, summary: str) -> MethodEntry:
     )
 
 
-def _exit_models(family: ModelFamily) -> MethodModels:
-    """DepthFL's models: the run's conv net or transformer cut into depths with an exit after each block."""
+def _exit_models(family: ModelFamily, cfg: RunConfig) -> MethodModels:
+    """DepthFL's models: the run's conv net or transformer cut into depths, an exit after each block.
+
+    The conv net's exits are ``depthfl-exit-head``'s (:mod:`models.exit_heads`).
+    """
     if not isinstance(family, CNNFamily | TransformerFamily):
         raise FamilyMismatch(f"DepthFL cuts a conv net or a transformer, not {type(family).__name__}")
-    return ExitFamily(family)
+    return ExitFamily(family, exit_head=cfg.settings_of(DepthFLGroup).depthfl_exit_head)
 
 
 def _depthfl_loss(cfg: RunConfig, config: ConfigRecord) -> LossFn:

@@ -92,7 +92,7 @@ class Experiment:
     def method_models(self) -> registry.MethodModels | None:
         """The method's own models over the model's family (``MethodEntry.family_hook``; DepthFL's exits)."""
         hook = self.entry.family_hook
-        return None if hook is None else hook(self.model_family)
+        return None if hook is None else hook(self.model_family, self.cfg)
 
     @cached_property
     def model_family(self) -> ModelFamily:

@@ -62,6 +62,7 @@ from transformers import BertConfig, BertModel
 from models import transformer
 from models.catalog import Layout, Role, Variant, VariantCatalog, meta_layout
 from models.cnn import CONV, PRERESNET18, PRERESNET18_BLOCKS, ConvBlock, PreActBlock, estimate_memory, static_bn
+from models.exit_heads import ExitHeadKind, conv_exit
 from models.family import CNNFamily, TransformerFamily
 from models.training import batch_to, model_device
 from models.transformer import TransformerSpec, build_model, layer_of, masked_mean, variant_config
@@ -219,10 +220,21 @@ class ExitConvNet(nn.Module):
     model's shapes); exit ``i`` is ``z_i = W_i mean_hw(h_i) + b_i`` on block ``i``'s output.
 
     State-dict names: ``blocks.<i>.conv.{weight,bias}``, ``blocks.<i>.norm.{weight,bias}``
-    (as :class:`~models.cnn.ConvNet`) and ``exits.<i>.{weight,bias}``.
+    (as :class:`~models.cnn.ConvNet`) and ``exits.<i>.{weight,bias}``.  With ``exit_head =
+    "bottleneck"`` exit ``i`` reads block ``i`` through bottleneck layers first
+    (:mod:`models.exit_heads`, DepthFL's shallow classifiers; names ``exits.<i>.steps.*``,
+    ``exits.<i>.linear.*``).
     """
 
-    def __init__(self, depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]) -> None:
+    def __init__(
+        self,
+        depth: int,
+        *,
+        in_channels: int,
+        num_classes: int,
+        base: Sequence[int],
+        exit_head: ExitHeadKind = "linear",
+    ) -> None:
         super().__init__()
         self.base = tuple(int(d) for d in base)
         if not 1 <= depth <= len(self.base):
@@ -231,14 +243,16 @@ class ExitConvNet(nn.Module):
         ins = (in_channels, *self.base[:-1])
         last = len(self.base) - 1
         self.blocks = nn.ModuleList(ConvBlock(ins[i], self.base[i], 1.0, pool=i < last) for i in range(depth))
-        self.exits = nn.ModuleList(nn.Linear(self.base[i], num_classes) for i in range(depth))
+        self.exits = nn.ModuleList(
+            conv_exit(exit_head, i, base=self.base, num_classes=num_classes) for i in range(depth)
+        )
 
     def exit_logits(self, x: Tensor) -> list[Tensor]:
         """``[z_1, .., z_depth]``, each ``(batch, num_classes)``, shallowest first."""
         out = []
         for block, head in zip(self.blocks, self.exits, strict=True):
             x = block(x)
-            out.append(head(F.adaptive_avg_pool2d(x, 1).flatten(1)))
+            out.append(head(x))
         return out
 
     def forward(self, x: Tensor) -> Tensor:
@@ -255,14 +269,26 @@ def exit_conv_place(name: str) -> tuple[int | None, Role]:
 
 
 def exit_cnn(
-    model_name: str, depth: int, *, in_channels: int, num_classes: int, base: Sequence[int]
+    model_name: str,
+    depth: int,
+    *,
+    in_channels: int,
+    num_classes: int,
+    base: Sequence[int],
+    exit_head: ExitHeadKind = "linear",
 ) -> ExitConvNet | ExitPreResNet:
-    """The multi-exit ``model_name`` (``"conv"``: :class:`ExitConvNet`; ``"preresnet18"``: :class:`ExitPreResNet`)."""
-    models: dict[str, type[ExitConvNet] | type[ExitPreResNet]] = {CONV: ExitConvNet, PRERESNET18: ExitPreResNet}
-    model = models.get(model_name)
-    if model is None:
+    """The multi-exit ``model_name`` (``"conv"``: :class:`ExitConvNet`; ``"preresnet18"``: :class:`ExitPreResNet`).
+
+    ``exit_head`` is the conv net's (:mod:`models.exit_heads`); the ResNet's exits have the
+    ResNet's head form only.
+    """
+    if model_name == CONV:
+        return ExitConvNet(depth, in_channels=in_channels, num_classes=num_classes, base=base, exit_head=exit_head)
+    if model_name != PRERESNET18:
         raise ExitsError(f"multi-exit models cut the {CONV!r} or {PRERESNET18!r} CNN, not {model_name!r}")
-    return model(depth, in_channels=in_channels, num_classes=num_classes, base=base)
+    if exit_head != "linear":
+        raise ExitsError(f"exit head {exit_head!r} is the {CONV!r} net's; the ResNet's exits have its head form")
+    return ExitPreResNet(depth, in_channels=in_channels, num_classes=num_classes, base=base)
 
 
 def exit_cnn_place(model_name: str) -> Callable[[str], tuple[int | None, Role]]:
@@ -282,11 +308,19 @@ def exit_conv_outputs(model_name: str, depth: int) -> int:
 
 
 def exit_conv_layout(
-    depth: int, *, in_channels: int, num_classes: int, base: Sequence[int], model_name: str = CONV
+    depth: int,
+    *,
+    in_channels: int,
+    num_classes: int,
+    base: Sequence[int],
+    model_name: str = CONV,
+    exit_head: ExitHeadKind = "linear",
 ) -> Layout:
     """The parameter layout of the multi-exit ``model_name`` at ``depth`` (built on the meta device)."""
     return meta_layout(
-        lambda: exit_cnn(model_name, depth, in_channels=in_channels, num_classes=num_classes, base=base),
+        lambda: exit_cnn(
+            model_name, depth, in_channels=in_channels, num_classes=num_classes, base=base, exit_head=exit_head
+        ),
         exit_cnn_place(model_name),
     )
 
@@ -301,11 +335,14 @@ def exit_conv_catalog(
     base: Sequence[int],
     optimizer: str = "sgd",
     model_name: str = CONV,
+    exit_head: ExitHeadKind = "linear",
 ) -> VariantCatalog:
     """Catalog of depth variants of the multi-exit ``model_name``, one per ``(name, depth)``, shallowest first.
 
     Each variant's memory is :func:`models.cnn.estimate_memory` on its own layout and the conv
-    outputs its depth computes (:func:`exit_conv_outputs`); ``extra = {"exits": depth}``.
+    outputs its depth computes (:func:`exit_conv_outputs`); ``extra = {"exits": depth}``.  With
+    bottleneck exits the layout (weights, gradients, optimizer state) holds their tensors; their
+    activations, each at most its block's and at half its resolution or less, are not counted.
 
     Raises
     ------
@@ -319,7 +356,12 @@ def exit_conv_catalog(
     variants = []
     for name, depth in depths:
         layout = exit_conv_layout(
-            depth, in_channels=in_channels, num_classes=num_classes, base=base, model_name=model_name
+            depth,
+            in_channels=in_channels,
+            num_classes=num_classes,
+            base=base,
+            model_name=model_name,
+            exit_head=exit_head,
         )
         memory = estimate_memory(
             model_name,
@@ -560,15 +602,23 @@ class ExitFamily:
     ----------
     inner : CNNFamily or TransformerFamily
         The family cut by depth (a conv net: ``name = "conv"``).
+    exit_head : {"linear", "bottleneck"}
+        The conv net's exits (:mod:`models.exit_heads`); the ResNet's and the transformer's have
+        their own form.
 
     """
 
     inner: CNNFamily | TransformerFamily
+    exit_head: ExitHeadKind = "linear"
 
     def __post_init__(self) -> None:
         if isinstance(self.inner, CNNFamily) and self.inner.name not in (CONV, PRERESNET18):
             raise ExitsError(
                 f"multi-exit models cut the {CONV!r} or {PRERESNET18!r} CNN or a transformer, not {self.inner.name!r}"
+            )
+        if self.exit_head != "linear" and not (isinstance(self.inner, CNNFamily) and self.inner.name == CONV):
+            raise ExitsError(
+                f"exit head {self.exit_head!r} is the {CONV!r} net's; other models' exits have their own form"
             )
 
     @property
@@ -585,7 +635,9 @@ class ExitFamily:
         inner = self.inner
         if isinstance(inner, CNNFamily):
             channels, classes = inner.in_channels, inner.num_classes
-            return exit_cnn(inner.name, depth, in_channels=channels, num_classes=classes, base=inner.base)
+            return exit_cnn(
+                inner.name, depth, in_channels=channels, num_classes=classes, base=inner.base, exit_head=self.exit_head
+            )
         return ExitBert(inner.spec, depth)
 
     def initial_states(self, catalog: VariantCatalog, *, seed: int) -> dict[str, dict[str, Tensor]]:
@@ -633,4 +685,5 @@ class ExitFamily:
             base=inner.base,
             optimizer=optimizer,
             model_name=inner.name,
+            exit_head=self.exit_head,
         )

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from models.cnn import ConvNet, PreResNet, recompute_bn_statistics
+from models.exit_heads import BottleneckExit, conv_exit
 from models.exits import (
     ExitBert,
     ExitConvNet,
@@ -342,6 +343,41 @@ def test_the_conv_family_evaluates_with_static_batch_norm_statistics_and_has_no_
     catalog = family.catalog([("a", 1)], batch_size=2, optimizer="sgd", seq_len=8, image_size=8)
     with pytest.raises(ExitsError, match="no width groups"):
         family.width_rules(catalog)
+
+
+def test_a_bottleneck_exit_brings_its_block_to_the_last_blocks_channels_with_exact_parameter_counts() -> None:
+    # exit 0 of widths (2, 4, 8): step 1 = SepConv(2 -> 4, stride 2): depthwise 2*9, pointwise 2*2, BN 2*2,
+    # depthwise 2*9, pointwise 2*4, BN 2*4 = 60; step 2 = SepConv(4 -> 8, stride 1): 36 + 16 + 8 + 36 + 32 + 16
+    # = 144; linear 8*3 + 3 = 27.  The last exit is the linear layer alone.
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    assert [count(BottleneckExit(i, base=BASE, num_classes=3)) for i in range(3)] == [60 + 144 + 27, 144 + 27, 27]
+    first = BottleneckExit(0, base=(4, 8, 16, 32), num_classes=10)
+    h = torch.randn(2, 4, 14, 14)  # block 0's output of a 28x28 image (pooled once)
+    assert tuple(first.steps(h).shape) == (2, 32, 4, 4)  # stride 2 where the conv net pools, 1 at the last block
+    assert tuple(first(h).shape) == (2, 10)
+
+
+def test_bottleneck_exits_keep_a_shallower_model_a_prefix_of_the_deepest() -> None:
+    deepest = shapes(ExitConvNet(3, in_channels=1, num_classes=5, base=BASE, exit_head="bottleneck"))
+    for depth in (1, 2):
+        sub = shapes(ExitConvNet(depth, in_channels=1, num_classes=5, base=BASE, exit_head="bottleneck"))
+        assert all(deepest[k] == s for k, s in sub.items())
+    assert deepest["exits.0.linear.weight"] == deepest["exits.2.linear.weight"] == (5, 8)
+    assert not any(k.startswith("exits.2.steps") for k in deepest)
+    model = ExitConvNet(3, in_channels=1, num_classes=5, base=BASE, exit_head="bottleneck")
+    logits = model.exit_logits(torch.randn(4, 1, 28, 28))
+    assert [tuple(z.shape) for z in logits] == [(4, 5)] * 3
+    assert exit_conv_place("exits.0.steps.1.op.3.weight") == (0, "head")
+
+
+def test_bottleneck_exits_are_the_conv_nets_only() -> None:
+    cnn = CNNFamily(name="preresnet18", base=(2, 4, 8, 16), in_channels=1, num_classes=3)
+    with pytest.raises(ExitsError, match="'bottleneck' is the 'conv' net's"):
+        ExitFamily(cnn, exit_head="bottleneck")
+    with pytest.raises(ValueError, match="exit head must be one of"):
+        conv_exit("deep", 0, base=BASE, num_classes=3)  # type: ignore[arg-type]
 
 
 def test_only_heterofls_cnns_or_a_transformer_are_cut_into_exits() -> None:

@@ -109,6 +109,11 @@ def test_a_negative_distillation_weight_is_refused_before_round_1() -> None:
         ({"model": "conv", "cnn-widths": "4:8:16:32", "tier-layers": "1:2:5"}, r"strictly increasing in 1 \.\. 4"),
         ({"model": "tiny", "tier-layers": "2:4:7"}, r"strictly increasing in 1 \.\. 6"),
         ({"model": "conv", "tier-layers": "1:2"}, "'tier-layers' has 2 entries but 'tiers' has 3"),
+        (
+            {"model": "preresnet18", "tier-layers": "1:2:4", "depthfl-exit-head": "bottleneck"},
+            "'depthfl-exit-head': bottleneck exits are the 'conv' net's",
+        ),
+        ({"model": "tiny", "depthfl-exit-head": "bottleneck"}, "'depthfl-exit-head': bottleneck exits"),
     ],
 )
 def test_a_depth_the_model_does_not_have_fails_before_round_1_naming_the_key(
@@ -128,6 +133,19 @@ def test_the_factory_builds_depthfl_with_its_settings_over_the_exit_models() -> 
     assert isinstance(s, DepthFL) and (s.kd_weight, s.uniform) == (0.5, True)
     assert isinstance(cfg.family(), ExitFamily)
     assert [v.layout.names()[-1] for v in s.catalog] == ["exits.0.bias", "exits.1.bias"]
+
+
+def test_the_exit_head_setting_reaches_the_conv_nets_exits_and_their_layout() -> None:
+    cfg = RunConfig.model_validate(
+        {"model": "conv", "cnn-widths": "4:8", "tier-layers": "1:2", "tiers": "weak:strong", "tier-proportions": "1:1",
+         "tier-memory-mb": "auto", "num-labels": 10, "method": "depthfl", "depthfl-exit-head": "bottleneck"}
+    )  # fmt: skip
+    family = cfg.family()
+    assert isinstance(family, ExitFamily) and family.exit_head == "bottleneck"
+    weak, strong = build_strategy(cfg).catalog
+    assert weak.layout.names()[-2:] == ["exits.0.linear.weight", "exits.0.linear.bias"]
+    assert "exits.0.steps.0.op.0.weight" in weak.layout.names()
+    assert set(weak.layout.names()) <= set(strong.layout.names())
 
 
 def test_the_central_evaluation_reports_each_exits_accuracy_beside_the_ensembles() -> None:
