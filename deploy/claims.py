@@ -48,6 +48,8 @@ class _Run(Protocol):
     @property
     def curves(self) -> Mapping[str, Mapping[int, float]]: ...
 
+    def tier_curves(self, metric: str = "") -> Mapping[str, Mapping[int, float]]: ...
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -73,6 +75,10 @@ class Claim:
         The accuracy ``rounds-to-target`` counts the rounds to (unused otherwise).
     paper : str
         The paper's figure for the claim.
+    metric : str
+        The per-round metric compared when it is not the suite's (e.g. ``local-accuracy-inverted``,
+        one input domain's accuracy, for a claim about transfer across domain-shifted pools);
+        empty = the suite's metric.
 
     """
 
@@ -86,6 +92,7 @@ class Claim:
     target: float = 0.0
     paper: str = ""
     tier_b: str = ""
+    metric: str = ""
 
     @property
     def b_tier(self) -> str:
@@ -108,7 +115,7 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
     if not isinstance(raw, list):
         raise ClaimError(f"{where}: 'claims' must be a list of [[claims]] tables")
     claims = []
-    known = {"label", "text", "a", "b", "tier", "tier-b", "statistic", "direction", "target", "paper"}
+    known = {"label", "text", "a", "b", "tier", "tier-b", "statistic", "direction", "target", "paper", "metric"}
     for i, entry in enumerate(raw):
         at = f"{where} claims[{i}]"
         if not isinstance(entry, dict):
@@ -126,7 +133,7 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
             label=entry["label"], text=entry["text"], a=entry["a"], b=entry["b"], tier=entry["tier"],
             statistic=str(entry.get("statistic", "final")), direction=str(entry.get("direction", "higher")),
             target=_number(entry.get("target", 0.0), f"{at}.target"), paper=str(entry.get("paper", "")),
-            tier_b=str(entry.get("tier-b", "")),
+            tier_b=str(entry.get("tier-b", "")), metric=str(entry.get("metric", "")),
         )  # fmt: skip
         if claim.statistic not in CLAIM_STATISTICS:
             raise ClaimError(f"{at}.statistic: expected one of {CLAIM_STATISTICS}, got {claim.statistic!r}")
@@ -214,7 +221,8 @@ def paired_difference(results: Sequence[_Run], claim: Claim) -> PairedDifference
     by = {(r.label, r.seed): r for r in results}
     seeds, diffs, censored, against = [], [], [], []
     for seed in sorted({s for (label, s) in by if label == claim.a} & {s for (label, s) in by if label == claim.b}):
-        ca, cb = by[(claim.a, seed)].curves.get(claim.tier), by[(claim.b, seed)].curves.get(claim.b_tier)
+        ca = by[(claim.a, seed)].tier_curves(claim.metric).get(claim.tier)
+        cb = by[(claim.b, seed)].tier_curves(claim.metric).get(claim.b_tier)
         if not ca or not cb:
             continue
         sa, sb = claim_statistic(ca, claim), claim_statistic(cb, claim)
@@ -262,7 +270,7 @@ def claims_markdown(claims: Sequence[Claim], results: Sequence[_Run], *, digits:
         if d.censored:
             value += f" (b or both {missed}, left out: seeds {', '.join(map(str, d.censored))})"
         want = "a higher" if c.direction == "higher" else "a lower"
-        tier = c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}"
+        tier = (c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}") + (f" ({c.metric})" if c.metric else "")
         lines.append(
             f"| {c.label}: {c.text} | {c.a} − {c.b} | {tier}, {stat} ({want}) | {value} | {d.n} | "
             f"{verdict(d, c.direction)} |"

@@ -26,6 +26,7 @@ written by :mod:`deploy.reports`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shlex
@@ -462,7 +463,12 @@ def run_suite(
             (folder / "experiment.json").write_text(json.dumps(marker, indent=2))
             print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)
         if is_done(runs_dir, pr):
-            done.append(read_run(runs_dir / pr.run_name, label=pr.label, seed=pr.seed, metric=suite.metric))
+            others = tuple(c.metric for c in suite.claims if c.metric)
+            done.append(
+                read_run(
+                    runs_dir / pr.run_name, label=pr.label, seed=pr.seed, metric=suite.metric, other_metrics=others
+                )
+            )
     return done, failed
 
 
@@ -482,6 +488,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--gpus-per-client", type=float, default=None, help="Ray GPU share per client (default: the preset's)"
     )
     parser.add_argument("--only", action="append", default=[], help="run only this label (repeatable)")
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="report this per-tier metric of rounds.jsonl instead of the suite's (e.g. local-accuracy-inverted: one "
+        "input domain's accuracy); the tables go to OUT/metric-<METRIC>/",
+    )
     parser.add_argument("--lock", type=Path, default=None, help="extra flock(FILE) per run")
     parser.add_argument("--echo", action="store_true", help="show Flower's own output of each run")
     mode = parser.add_mutually_exclusive_group()
@@ -499,6 +511,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"suite {suite.name!r} has no preset {args.preset!r} (has {', '.join(suite.presets)})")
     seeds = args.seeds or suite.presets[args.preset].seeds
     out = (args.out or ROOT / "results" / "experiments" / f"{suite.name}-{args.preset}").resolve()
+    report_dir = out
+    if args.metric and args.metric != suite.metric:
+        suite, report_dir = dataclasses.replace(suite, metric=args.metric), out / f"metric-{args.metric}"
     command = "python -m deploy.experiments " + shlex.join(argv if argv is not None else sys.argv[1:])
     if not (args.dry_run or args.report_only):
         gpus = suite.presets[args.preset].gpus_per_client if args.gpus_per_client is None else args.gpus_per_client
@@ -520,8 +535,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not results:
         print("no finished runs: nothing to report", file=sys.stderr)
         return 1
-    paths = write_report(suite, args.preset, results, out, command=command)
-    print((out / "table.md").read_text())
+    if not any(r.curves for r in results):
+        print(f"no finished run recorded the metric {suite.metric!r}: nothing to report", file=sys.stderr)
+        return 1
+    paths = write_report(suite, args.preset, results, report_dir, command=command)
+    print((report_dir / "table.md").read_text())
     print("wrote " + ", ".join(str(p) for p in paths))
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(f.run_name for f in failed)}", file=sys.stderr)

@@ -15,7 +15,7 @@ import io
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -40,6 +40,9 @@ class RunResult:
         Wall time of the run (the last round's ``elapsed``).
     tiers : tuple[str, ...]
         Tier order of the run's config (weakest first).
+    other_curves : Mapping[str, Mapping[str, Mapping[int, float]]]
+        ``other_curves[metric][tier][round]`` for the further metrics a suite's claims compare
+        (:attr:`deploy.claims.Claim.metric`), e.g. one input domain's accuracy.
 
     """
 
@@ -48,11 +51,25 @@ class RunResult:
     curves: Mapping[str, Mapping[int, float]]
     seconds: float = 0.0
     tiers: tuple[str, ...] = ()
+    other_curves: Mapping[str, Mapping[str, Mapping[int, float]]] = field(default_factory=dict)
+
+    def tier_curves(self, metric: str = "") -> Mapping[str, Mapping[int, float]]:
+        """Per-tier curves of ``metric``.
+
+        :attr:`curves` for ``""`` (the suite's metric), else :attr:`other_curves` ``[metric]``
+        (empty when the run did not record it).
+        """
+        return self.other_curves.get(metric, {}) if metric else self.curves
 
 
-def read_run(folder: Path, *, label: str, seed: int, metric: str) -> RunResult:
-    """Read ``folder/rounds.jsonl`` (and ``config.json`` for the tier order) into a :class:`RunResult`."""
+def read_run(folder: Path, *, label: str, seed: int, metric: str, other_metrics: Sequence[str] = ()) -> RunResult:
+    """Read ``folder/rounds.jsonl`` (and ``config.json`` for the tier order) into a :class:`RunResult`.
+
+    ``metric`` gives :attr:`RunResult.curves`; each of ``other_metrics`` (those a suite's claims
+    name) its entry of :attr:`RunResult.other_curves`.
+    """
     curves: dict[str, dict[int, float]] = {}
+    others: dict[str, dict[str, dict[int, float]]] = {m: {} for m in other_metrics if m != metric}
     seconds = 0.0
     for line in (folder / "rounds.jsonl").read_text().splitlines():
         if not line.strip():
@@ -63,11 +80,14 @@ def read_run(folder: Path, *, label: str, seed: int, metric: str) -> RunResult:
             value = vals.get(metric)
             if value is not None:
                 curves.setdefault(tier, {})[int(row["round"])] = float(value)
+            for other, by_tier in others.items():
+                if vals.get(other) is not None:
+                    by_tier.setdefault(tier, {})[int(row["round"])] = float(vals[other])
     tiers: tuple[str, ...] = ()
     cfg = folder / "config.json"
     if cfg.is_file():
         tiers = tuple(str(json.loads(cfg.read_text()).get("tiers", "")).replace(",", ":").split(":"))
-    return RunResult(label=label, seed=seed, curves=curves, seconds=seconds, tiers=tiers)
+    return RunResult(label=label, seed=seed, curves=curves, seconds=seconds, tiers=tiers, other_curves=others)
 
 
 def final_value(curve: Mapping[int, float]) -> float:

@@ -148,3 +148,30 @@ def test_rows_may_compare_different_tiers() -> None:
     assert "| a − e, final (a higher) |" in claims_markdown([claim], results)
     ok = {"label": "C12", "text": "t", "a": "mix", "b": "small", "tier": "a", "tier-b": "e"}
     assert parse_claims([ok], "suite", ["mix", "small"])[0].b_tier == "e"
+
+
+def test_a_claim_on_another_metric_pairs_that_metric() -> None:
+    # C9's shape: the small model on the other pool's domain (local-accuracy-inverted), while the
+    # suite's metric (the mean over domains) says the opposite; d = 0.05, 0.03, 0.04 -> 0.04 +/- 0.00577
+    def two(label: str, seed: int, mean: float, inverted: float) -> RunResult:
+        return RunResult(label, seed, {"small": {20: mean}},
+                         other_curves={"local-accuracy-inverted": {"small": {20: inverted}}})  # fmt: skip
+
+    results = [two("merged", 1, 0.60, 0.15), two("fedavg", 1, 0.70, 0.10),
+               two("merged", 2, 0.61, 0.13), two("fedavg", 2, 0.71, 0.10),
+               two("merged", 3, 0.62, 0.14), two("fedavg", 3, 0.72, 0.10)]  # fmt: skip
+    on_mean = Claim("C9", "transfer", "merged", "fedavg", "small")
+    on_domain = Claim("C9", "transfer", "merged", "fedavg", "small", metric="local-accuracy-inverted")
+    assert paired_difference(results, on_mean).mean == pytest.approx(-0.10)
+    d = paired_difference(results, on_domain)
+    assert d.differences == pytest.approx((0.05, 0.03, 0.04))
+    assert d.se == pytest.approx(0.01 / math.sqrt(3)) and verdict(d, "higher") == "held"
+    assert "small (local-accuracy-inverted)" in claims_markdown([on_domain], results)
+    missing = Claim("C9", "transfer", "merged", "fedavg", "small", metric="loss-inverted")
+    assert paired_difference(results, missing).n == 0
+
+
+def test_parse_claims_reads_a_claim_metric() -> None:
+    raw = [{"label": "C9", "text": "t", "a": "x", "b": "y", "tier": "small", "metric": "local-accuracy-inverted"}]
+    (claim,) = parse_claims(raw, "suite", ["x", "y"])
+    assert claim.metric == "local-accuracy-inverted"

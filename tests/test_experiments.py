@@ -159,6 +159,9 @@ def test_read_run_from_a_results_folder(tmp_path: Path) -> None:
     assert res.curves == {"weak": {0: 0.5}, "strong": {0: 0.4, 1: 0.7}}
     assert res.seconds == 40.5 and res.tiers == ("weak", "medium", "strong") and res.seed == 7
     assert reports.read_run(tmp_path, label="L", seed=7, metric="fed-accuracy").curves == {"strong": {1: 0.72}}
+    both = reports.read_run(tmp_path, label="L", seed=7, metric="local-accuracy", other_metrics=("fed-accuracy",))
+    assert both.curves == res.curves and both.tier_curves("fed-accuracy") == {"strong": {1: 0.72}}
+    assert both.tier_curves() == res.curves and both.tier_curves("loss") == {}
 
 
 def test_format_round_progress_line() -> None:
@@ -348,6 +351,13 @@ def test_tiny_suite_end_to_end(tmp_path: Path) -> None:
     assert ex.main(["tiny", "--out", str(tmp_path)]) == 0
     assert (folder / "rounds.jsonl").stat().st_mtime == before
     assert line in (tmp_path / "table.md").read_text()
+    # another per-tier metric of the same runs, reported beside the suite's tables
+    loss = {t: v["local-loss"] for t, v in rows[-1]["tiers"].items()}
+    assert ex.main(["tiny", "--out", str(tmp_path), "--report-only", "--metric", "local-loss"]) == 0
+    loss_line = "| InclusiveFL | " + " | ".join(f"{loss[t]:.3f}" for t in ("weak", "medium", "strong")) + " | 1 |"
+    assert loss_line in (tmp_path / "metric-local-loss" / "table.md").read_text()
+    assert line in (tmp_path / "table.md").read_text()
+    assert ex.main(["tiny", "--out", str(tmp_path), "--report-only", "--metric", "no-such-metric"]) == 1
 
 
 def test_every_shipped_claim_compares_tiers_its_rows_train() -> None:
