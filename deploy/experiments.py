@@ -427,11 +427,17 @@ def run_suite(
     show_config: bool = True,
     first_seed: int | None = None,
     gpus_per_client: float | None = None,
+    check: bool = True,
 ) -> tuple[list[RunResult], list[PlannedRun]]:
-    """Launch every planned run that is not done yet; return the finished runs' results and the failures."""
+    """Launch every planned run that is not done yet; return the finished runs' results and the failures.
+
+    ``check=False`` skips the pre-flight of the runs still to do (:func:`check_runs`): for
+    ``--report-only``, which starts none of them, its warnings would only bury the table.
+    """
     runs_dir = out / "runs"
     planned = plan_runs(suite, preset, seeds, only, first_seed, gpus_per_client)
-    check_runs([pr for pr in planned if not is_done(runs_dir, pr)])
+    if check:
+        check_runs([pr for pr in planned if not is_done(runs_dir, pr)])
     done: list[RunResult] = []
     failed: list[PlannedRun] = []
     t_suite = time.time()
@@ -525,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results, failed = run_suite(
             suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
             dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
-            gpus_per_client=args.gpus_per_client,
+            gpus_per_client=args.gpus_per_client, check=not args.report_only,
         )  # fmt: skip
     except SuiteError as exc:
         print(f"pre-flight failed, nothing was started: {exc}", file=sys.stderr)

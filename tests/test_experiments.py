@@ -309,6 +309,17 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "runs").exists() and not (tmp_path / "table.md").exists()
 
 
+def test_report_only_skips_the_preflight_of_runs_it_will_not_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # every codist-domain-shift row sets keys that only some of its methods read: pre-flight warns
+    assert ex.main(["codist-domain-shift", "--dry-run", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    assert "pre-flight WARNING" in capsys.readouterr().out
+    assert ex.main(["codist-domain-shift", "--report-only", "--seeds", "1", "--out", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "pre-flight" not in captured.out + captured.err and "no finished runs" in captured.err
+
+
 def test_every_shipped_cpu_row_gives_each_tier_its_own_variant() -> None:
     """Pre-flight of every row (first seed) of every suite's cpu preset: no tier idle, no variant untrained.
 
