@@ -303,6 +303,12 @@ class RunConfig(AllGroups):
         description="Share of the training split carved out as the validation split (the same carve for every "
         "seed). Only with eval-split = 'validation'.",
     )
+    train_size: int = Field(
+        0,
+        ge=0,
+        description="Training examples the clients share (0 = all): a seeded subset of the training split "
+        "after the validation and server carves, for data-scarce regimes; the held-out split is unchanged.",
+    )
     # results
     results_dir: str = Field("results", description="Folder that holds every run's results folder.")
     run_name: str = Field(

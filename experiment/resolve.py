@@ -136,6 +136,7 @@ class Experiment:
             eval_split=cfg.eval_split,
             validation_fraction=cfg.validation_fraction,
             server_labeled_size=self._server_labeled_size,
+            train_size=cfg.train_size,
             seed=cfg.seed,
         )
 

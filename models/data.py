@@ -93,6 +93,10 @@ class DataSpec:
         Labeled *training* examples the server keeps for itself (pFedKnow's ``D_s``), carved
         out of the training split (seeded by ``seed``) before the clients' partitions, so no
         client holds them and they are never test examples (0 = none).
+    train_size : int
+        Training examples the clients share (0 = all of them): a seeded subset (``seed``) of what
+        is left of the training split after the validation and server carves -- a data-scarce
+        regime with the held-out split unchanged.
     seed : int
 
     """
@@ -109,6 +113,7 @@ class DataSpec:
     eval_split: str = "test"
     validation_fraction: float = 0.1
     server_labeled_size: int = 0
+    train_size: int = 0
     seed: int = 42
 
     @property
@@ -262,7 +267,8 @@ def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     ``validation_fraction`` carved out of it, and that carve -- the test split is never read,
     so nothing chosen on a validation run has looked at the examples a reported run tests on.
     With ``server_labeled_size`` > 0 the server's labeled set (:func:`server_labeled_set`) is
-    carved out of ``train`` as well.  Every consumer of training data (client partitions,
+    carved out of ``train`` as well, and ``train_size`` > 0 keeps a seeded subset of what is
+    left.  Every consumer of training data (client partitions,
     server statistics, in-domain distillation data) takes it from the first element, so none
     ever sees the held-out one.
 
@@ -316,6 +322,13 @@ def _run_splits(spec: DataSpec) -> tuple[Dataset, Dataset, Dataset]:
             )
         parts = train.train_test_split(test_size=spec.server_labeled_size, seed=spec.seed)
         train, labeled = parts["train"], parts["test"]
+    if spec.train_size > 0:
+        if spec.train_size > len(train):
+            raise DataError(
+                f"run config 'train-size' = {spec.train_size}: the training split has only {len(train)} "
+                "examples after the validation and server carves; set it at most that, or 0 for all of them"
+            )
+        train = train.shuffle(seed=spec.seed).select(range(spec.train_size))
     return train, labeled, held_out
 
 

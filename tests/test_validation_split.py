@@ -56,3 +56,27 @@ def test_bad_split_settings_name_the_key(source: Path) -> None:
         RunConfig.from_flower({"eval-split": "dev"})
     cfg = RunConfig.from_flower({"eval-split": "validation", "validation-fraction": 0.25})
     assert cfg.data_spec().eval_split == "validation" and cfg.data_spec().validation_fraction == 0.25
+
+
+def test_train_size_keeps_a_seeded_subset_of_the_training_data_and_the_held_out_split(source: Path) -> None:
+    full = DataSpec(dataset=str(source), eval_split="validation", validation_fraction=0.2)
+    scarce = DataSpec(dataset=str(source), eval_split="validation", validation_fraction=0.2, train_size=60)
+    full_train, full_held = load_splits(full)
+    train, held = load_splits(scarce)
+    assert len(train) == 60 and set(train["text"]) < set(full_train["text"])
+    assert set(held["text"]) == set(full_held["text"])  # the held-out split does not shrink
+    seen: set[str] = set()
+    for pid in range(3):
+        local_train, local_test = load_partition(scarce, pid, 3)
+        seen |= set(local_train["text"]) | set(local_test["text"])
+    assert seen == set(train["text"])
+    again = load_splits(DataSpec(dataset=str(source), eval_split="validation", validation_fraction=0.2, train_size=60))
+    other_seed = load_splits(
+        DataSpec(dataset=str(source), eval_split="validation", validation_fraction=0.2, train_size=60, seed=7)
+    )
+    assert again[0]["text"] == train["text"] and set(other_seed[0]["text"]) != set(train["text"])
+    with pytest.raises(DataError, match="train-size"):
+        load_splits(DataSpec(dataset=str(source), eval_split="validation", validation_fraction=0.2, train_size=161))
+    assert RunConfig.from_flower({"train-size": 60}).data_spec().train_size == 60
+    with pytest.raises(ValueError, match=r"train-size|train_size"):
+        RunConfig.from_flower({"train-size": -1})
