@@ -279,10 +279,7 @@ class RunConfig(AllGroups):
         "partitioner = 'dirichlet'.",
     )
     client_test_fraction: float = Field(
-        0.2,
-        gt=0.0,
-        lt=1.0,
-        description="Share of each client's partition held out as its local test data (federated evaluation).",
+        0.2, gt=0.0, lt=1.0, description="Share of each client's partition held out as its local test data."
     )
     server_test_size: int = Field(
         0,
@@ -304,10 +301,7 @@ class RunConfig(AllGroups):
         "seed). Only with eval-split = 'validation'.",
     )
     train_size: int = Field(
-        0,
-        ge=0,
-        description="Training examples the clients share (0 = all): a seeded subset of the training split "
-        "after the validation and server carves, for data-scarce regimes; the held-out split is unchanged.",
+        0, ge=0, description="Training examples the clients share (0 = all): a seeded subset, for data-scarce regimes."
     )
     # results
     results_dir: str = Field("results", description="Folder that holds every run's results folder.")
