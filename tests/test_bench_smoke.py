@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.evaluation import main as evaluation_main
 from bench.heterofl_aggregation import METHODS, dense_state, dense_weighted_mean, main
 from strategies.heterofl import coverage_aggregate
 
@@ -212,3 +213,13 @@ def test_superlink_state_smoke_reports_every_cost(tmp_path: Path) -> None:
     for key in ("heartbeat_ms", "idle_pull_ms", "key_lookup_ms", "verify_signature_ms", "list_online_ms"):
         assert result[key] > 0, key
     assert result["db_bytes_per_node"] > 0
+
+
+def test_evaluation_bench_smoke_compares_the_two_layouts_of_one_model(tmp_path: Path) -> None:
+    out = tmp_path / "evaluation.json"
+    report = evaluation_main(["--smoke", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    (row,) = report["rows"]
+    assert row["case"] == "tiny-vgg" and row["images"] == 64
+    assert set(row["best_s"]) == {"default", "channels-last"} and row["speed_up"] > 0
+    assert row["max_abs_logit_diff"] < 1e-4 and row["changed_predictions"] == 0

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from experiment.config import RunConfig
 from models.cnn import ConvNet
 from models.data import DataSpec, load_partition
-from models.family import CNNFamily, TransformerFamily
+from models.family import CNNFamily, TransformerFamily, with_memory_format
 from models.training import TrainSettings, evaluate_classifier, logits_and_loss, train_classifier
 from strategies.flexifed import architecture_plan, check_layers
 from strategies.heterofl import WidthRules, extract_submodel
@@ -56,6 +58,26 @@ def test_sbn_evaluation_needs_training_batches_and_sets_statistics() -> None:
     assert norm.running_mean is not None and norm.running_var is not None
     assert norm.running_mean.abs().sum() > 0 and not torch.allclose(norm.running_var, torch.ones_like(norm.running_var))
     assert model.conv_blocks()[0].norm.running_mean is None  # the original is untouched
+
+
+@pytest.mark.parametrize("model", ["conv", "preresnet18"])
+def test_sbn_evaluation_copy_is_channels_last_and_predicts_as_the_default_layout(model: str) -> None:
+    cfg = RunConfig.from_flower({**CNN, "model": model})
+    family = cfg.family()
+    torch.manual_seed(0)
+    trained = family.build(cfg.catalog.largest)
+    g = torch.Generator().manual_seed(1)
+    stats = [{"x": torch.randn(16, 1, 28, 28, generator=g)} for _ in range(3)]
+    evaluated = family.for_evaluation(trained, stats)  # type: ignore[arg-type]
+    kernels = [p for p in evaluated.parameters() if p.dim() == 4]
+    assert kernels and all(k.is_contiguous(memory_format=torch.channels_last) for k in kernels)
+    assert all(p.is_contiguous() for p in trained.parameters())  # the trained model keeps its layout
+    default = with_memory_format(copy.deepcopy(evaluated), torch.contiguous_format)
+    x = torch.randn(64, 1, 28, 28, generator=g)
+    with torch.no_grad():
+        fast, ref = evaluated(x=x), default(x=x)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-4)
+    assert torch.equal(fast.argmax(-1), ref.argmax(-1))
 
 
 def test_cnn_local_training_lowers_the_loss_on_fashion_mnist() -> None:
