@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -32,3 +33,10 @@ def write_report(path: Path | None, report: object) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def add_run_options(parser: argparse.ArgumentParser, smoke: str) -> None:
+    """Options every single-process benchmark shares: ``--threads``, ``--json``, ``--smoke`` (help: ``smoke``)."""
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = one per core)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--smoke", action="store_true", help=smoke)

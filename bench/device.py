@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import write_report
+from bench.common import add_run_options, write_report
 from experiment.config import RunConfig
 from models.training import TrainSettings, resolve_device, train_classifier, use_threads
 
@@ -97,9 +96,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--devices", default="cpu,cuda", help="devices to compare (the first is the reference)")
     p.add_argument("--steps", type=int, default=50, help="timed optimizer steps (HeteroFL's preset: 50 per round)")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = one per core)")
-    p.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
-    p.add_argument("--smoke", action="store_true", help="the tiny transformer on the CPU, 2 steps")
+    add_run_options(p, smoke="the tiny transformer on the CPU, 2 steps")
     a = p.parse_args(argv)
     if a.smoke:
         a.cases, a.devices, a.steps, a.warmup = "tiny", "cpu", 2, 1

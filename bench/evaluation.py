@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bench.common import write_report
+from bench.common import add_run_options, write_report
 from experiment.config import RunConfig
 from models.family import with_memory_format
 from models.training import use_threads
@@ -113,9 +113,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--images", type=int, default=10000, help="test images per pass (the Fashion-MNIST test split)")
     p.add_argument("--stats-batches", type=int, default=20, help="training batches of the sBN statistics")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = one per core)")
-    p.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
-    p.add_argument("--smoke", action="store_true", help="a width-1/16 VGG-11, 64 images, 1 repeat")
+    add_run_options(p, smoke="a width-1/16 VGG-11, 64 images, 1 repeat")
     a = p.parse_args(argv)
     if a.smoke:
         a.cases, a.images, a.stats_batches, a.repeats = "tiny-vgg", 64, 2, 1
