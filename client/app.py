@@ -329,7 +329,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the received variant on this node's local test split.
 
     Families with data-dependent normalization (the CNNs' static batch norm) first
-    recompute its statistics on this node's training data (HeteroFL's sBN, per client).
+    recompute its statistics on this node's training data (HeteroFL's sBN, per client), on the
+    batches that start the round's training order (:func:`train_seed`): the result is a function
+    of the run seed, the node and the round, not of which nodes this process served before.
     """
     started, startup = time.perf_counter(), startup_seconds()
     cfg = run_config(context)
@@ -337,6 +339,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     model, _ = _model_for(msg, cfg, instruction)
     family = cfg.family()
     stats = train_loader(context, cfg) if family.uses_statistics else None
+    if stats is not None and stats.generator is not None:
+        stats.generator.manual_seed(train_seed(cfg.seed, context, instruction.server_round))
     loss, acc, n = evaluate_classifier(family.for_evaluation(model, stats), test_loader(context, cfg))
     if n == 0:
         raise ValueError("this node has no local test examples")

@@ -109,3 +109,13 @@ def test_handlers_reply_with_host_arrays(run_config: dict[str, object]) -> None:
     assert np.isfinite(metric(trained, "train-loss"))
     evaluated = call("evaluate", {**run_config, "device": "auto"})
     assert 0.0 <= metric(evaluated, "accuracy") <= 1.0 and metric(evaluated, "num-examples") > 0
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_federated_evaluation_does_not_depend_on_what_the_process_served_before() -> None:
+    """The sBN statistics' batches are the round's (seeded), not wherever the cached loader stands."""
+    first = call("evaluate", IMAGES)
+    call("train", IMAGES)  # iterates this node's cached training loader
+    call("evaluate", {**IMAGES, "seed": 5})  # and so does another run seed's evaluation
+    again = call("evaluate", IMAGES)
+    assert metric(again, "loss") == metric(first, "loss") and metric(again, "accuracy") == metric(first, "accuracy")
