@@ -121,6 +121,18 @@ def train_loader(context: Context, cfg: RunConfig) -> DataLoader:
     return _loader(cfg.data_spec(), cfg.family(), pid, num, True, cfg.batch_size, domain)
 
 
+def seeded_train_loader(context: Context, cfg: RunConfig, seed: int) -> DataLoader:
+    """:func:`train_loader` with its shuffling generator set to ``seed`` (:func:`train_seed`).
+
+    The loader is cached per process; reseeding makes the batches it yields next a function of
+    the run seed, the node and the round, not of what this process served before.
+    """
+    loader = train_loader(context, cfg)
+    if loader.generator is not None:
+        loader.generator.manual_seed(seed)
+    return loader
+
+
 def test_loader(context: Context, cfg: RunConfig) -> DataLoader:
     """This node's test batches (built on first use; cached per process).
 
@@ -265,9 +277,7 @@ def supervised_train(msg: Message, context: Context, task: TrainTask) -> Message
     """Train the received variant on this node's labeled data; reply with its trainable weights."""
     cfg, instruction, seed, started, startup = task.cfg, task.instruction, task.seed, task.started, task.startup
     model, variant = _model_for(msg, cfg, instruction)
-    loader, n_train = train_loader(context, cfg), num_train_examples(context, cfg)
-    if loader.generator is not None:  # shuffling order: a function of the round too
-        loader.generator.manual_seed(seed)
+    loader, n_train = seeded_train_loader(context, cfg, seed), num_train_examples(context, cfg)
     local_loss = cfg.entry.local_loss  # a method's own loss (DepthFL's exits), else the cross-entropy
     config = record_of(msg.content, CONFIG, ConfigRecord)
     loss_fn = logits_and_loss if local_loss is None else local_loss(cfg, config)
@@ -338,9 +348,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     instruction = Instruction.from_content(msg.content)
     model, _ = _model_for(msg, cfg, instruction)
     family = cfg.family()
-    stats = train_loader(context, cfg) if family.uses_statistics else None
-    if stats is not None and stats.generator is not None:
-        stats.generator.manual_seed(train_seed(cfg.seed, context, instruction.server_round))
+    seed = train_seed(cfg.seed, context, instruction.server_round)
+    stats = seeded_train_loader(context, cfg, seed) if family.uses_statistics else None
     loss, acc, n = evaluate_classifier(family.for_evaluation(model, stats), test_loader(context, cfg))
     if n == 0:
         raise ValueError("this node has no local test examples")
