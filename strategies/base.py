@@ -84,6 +84,7 @@ from strategies.replies import (
     Sent,
     by_message_id,
     evaluation_means,
+    in_node_order,
     matched_replies,
     variant_counts,
 )
@@ -350,8 +351,15 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
         if not nodes or fraction == 0.0:
             return []
         k = min(len(nodes), max(minimum, math.ceil(fraction * len(nodes))))
-        ordered = sorted(nodes, key=lambda n: self.profiles[n].sampling_order)  # every eligible node has a profile
-        return sorted(self.rng.sample(ordered, k))
+        return sorted(self.rng.sample(sorted(nodes, key=self.node_order), k))
+
+    def node_order(self, node_id: int) -> tuple[object, ...]:
+        """Where a node stands when a round's sample is drawn and its reply folded (its profile's ``sampling_order``).
+
+        A node without a profile (it never answered the handshake) stands among the keyless nodes, by its id.
+        """
+        profile = self.profiles.get(node_id)
+        return profile.sampling_order if profile is not None else (0, (), node_id)
 
     # ------------------------------------------------------------------ train
     def configure_train(
@@ -426,6 +434,9 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Decode and validate each reply (:meth:`decode_reply`), fold it into the round's sums, apply the method.
+
+        Held replies are folded in their senders' order (:func:`~strategies.replies.in_node_order`):
+        the same replies give bit-identical sums whatever order they arrived in.
 
         The sums are the method's (:meth:`new_round_sums`).  With clipping on, each update is
         clipped before it is folded (``clipped`` counts them); with the median, each group's
@@ -515,7 +526,8 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
         The failed and rejected replies are reported as they come, the missing ones once the
         replies are exhausted.  The tensors are views of the reply's payload bytes (no copies).
         """
-        for reply, rec in matched_replies(replies, by_message_id(self._sent_train), report, "train"):
+        ordered = in_node_order(replies, self.node_order)
+        for reply, rec in matched_replies(ordered, by_message_id(self._sent_train), report, "train"):
             try:
                 entry = self.decode_reply(rec, reply.content, server_round, check_finite=check_finite)
                 fingerprint = self.replays.check(entry.tensors, server_round)
@@ -622,7 +634,8 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
         server_round = self.global_round(server_round)
         report = self.report(server_round)
         results: list[Evaluated] = []
-        for reply, rec in matched_replies(replies, by_message_id(self._sent_eval), report, "evaluate"):
+        ordered = in_node_order(replies, self.node_order)
+        for reply, rec in matched_replies(ordered, by_message_id(self._sent_eval), report, "evaluate"):
             try:
                 n, loss, acc = validate_evaluate_reply(
                     reply.content, variant=rec.variant, server_round=server_round, max_examples=self.max_examples

@@ -74,10 +74,15 @@ class PerNodeModels(HeterogeneousStrategy[ResultT]):
             self.node_variant[new_id] = self.node_variant.pop(old_id)
 
     def models_for_evaluation(self) -> dict[str, list[Mapping[str, Tensor]]]:
-        """Every node's own model, grouped by variant (a variant no node has yet: its shared model)."""
+        """Every node's own model, grouped by variant (a variant no node has yet: its shared model).
+
+        In the nodes' order (:meth:`~strategies.base.HeterogeneousStrategy.node_order`), whatever
+        order their replies came in: each model draws the next static-BN batches of the server's
+        evaluation, so the order is part of the result.
+        """
         out: dict[str, list[Mapping[str, Tensor]]] = {}
-        for node, params in self.node_states.items():
-            out.setdefault(self.node_variant[node], []).append(params)
+        for node in sorted(self.node_states, key=self.node_order):
+            out.setdefault(self.node_variant[node], []).append(self.node_states[node])
         for v, params in self.state.items():
             out.setdefault(v, [params])
         return out

@@ -6,14 +6,16 @@ Flower fills the message id in place when it pushes the messages, so replies are
 cannot: a reply to no message of the round or from another node than the one addressed is
 rejected, an error reply is a failure (or, for a reply whose pull was stopped at its size bound,
 a rejection: :func:`strategies.pull_bound.stopped_reason`).  :func:`report_missing` reports
-every node that was sent a message and not heard from.  Everything lands in the round's
-:class:`RoundReport`, which the results writer turns into result rows.
+every node that was sent a message and not heard from.  :func:`in_node_order` puts a round's
+held replies in their senders' order, so that a round's sums are folded in the same order in
+every run.  Everything lands in the round's :class:`RoundReport`, which the results writer turns
+into result rows.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -124,6 +126,25 @@ def match_reply(reply: Message, sent: Mapping[str, Sent], report: RoundReport, w
         report.rejected.append(reason)
         return None
     return rec
+
+
+#: A node's place in a round's fold, from its id (:attr:`strategies.profiles.NodeProfile.sampling_order`).
+NodeOrder = Callable[[int], tuple[object, ...]]
+
+
+def in_node_order(replies: Iterable[Message], order: NodeOrder) -> Iterable[Message]:
+    """Held replies sorted by their sender's place ``(order(src_node_id), message id)``; a lazy stream as it comes.
+
+    Float sums are not associative: a mean ``sum_i w_i x_i / sum_i w_i`` folded over three or
+    more replies in arrival order (whichever ClientApp finished first) changes in its last bits
+    from run to run, and local training amplifies the difference over the rounds, so two runs of
+    one seed drift apart.  Folded in the senders' order (their ``node-key``, which simulation
+    keeps from run to run while it draws new node ids), the same replies give bit-identical sums.
+    A lazy iterable is folded as it comes (sorting it would hold every reply at once).
+    """
+    if not isinstance(replies, Sequence):
+        return replies
+    return sorted(replies, key=lambda r: (order(r.metadata.src_node_id), r.metadata.reply_to_message_id))
 
 
 def matched_replies(

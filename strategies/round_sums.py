@@ -2,7 +2,8 @@
 
 :meth:`strategies.base.HeterogeneousStrategy.aggregate_train` asks the method for fresh sums
 (:meth:`~strategies.base.HeterogeneousStrategy.new_round_sums`) at the start of every
-aggregation, folds each accepted reply into them in arrival order (:meth:`RoundSums.add`; with
+aggregation, folds each accepted reply into them (:meth:`RoundSums.add`; held replies in their
+senders' node-key order, :func:`strategies.replies.in_node_order`, a lazy stream as it comes; with
 the median, each group's coordinate-wise median once, :meth:`RoundSums.add_group`), and hands
 their :meth:`RoundSums.result` to the method's ``apply_round``.  Where the sums are
 :attr:`RoundSums.rebuildable` (they are all a fold wrote), finiteness is checked once on them
