@@ -328,7 +328,7 @@ def _run_splits(spec: DataSpec) -> tuple[Dataset, Dataset, Dataset]:
                 f"run config 'train-size' = {spec.train_size}: the training split has only {len(train)} "
                 "examples after the validation and server carves; set it at most that, or 0 for all of them"
             )
-        train = train.shuffle(seed=spec.seed).select(range(spec.train_size))
+        train = seeded_sample(train, spec.train_size, spec.seed)
     return train, labeled, held_out
 
 
@@ -448,7 +448,7 @@ def server_test_set(spec: DataSpec) -> Dataset:
     """
     _, test = load_splits(spec)
     if 0 < spec.server_test_size < len(test):
-        test = test.shuffle(seed=spec.seed).select(range(spec.server_test_size))
+        test = seeded_sample(test, spec.server_test_size, spec.seed)
     return test
 
 
@@ -459,7 +459,12 @@ def server_stats_set(spec: DataSpec, size: int = 1024) -> Dataset:
     tests the global model; this is that data (``size`` examples, never test examples).
     """
     train, _ = load_splits(spec)
-    return train.shuffle(seed=spec.seed + 1).select(range(min(size, len(train))))
+    return seeded_sample(train, size, spec.seed + 1)
+
+
+def seeded_sample(data: Dataset, size: int, seed: int) -> Dataset:
+    """``min(size, len(data))`` examples of ``data``, the first of its ``shuffle(seed=seed)`` order (no repeats)."""
+    return data.shuffle(seed=seed).select(range(min(size, len(data))))
 
 
 def read_guardian_headlines() -> list[str]:
