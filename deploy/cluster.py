@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.flower import BIN, ROOT, RunOutcome, flower_env, flower_home, run_config_arg
+from deploy.ray_cluster import port_open
 from experiment.outputs import ROUNDS_FILE
 
 ERROR_LINE = re.compile(r"ERROR|Traceback|UnexpectedError|Exception:")
@@ -148,10 +148,8 @@ def wait_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1", prefix:
             probe = f"import socket,sys; sys.exit(socket.socket().connect_ex(({host!r}, {port})))"
             if subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True, check=False).returncode == 0:
                 return
-        else:
-            with socket.socket() as s:
-                if s.connect_ex((host, port)) == 0:
-                    return
+        elif port_open(host, port, timeout=1.0):
+            return
         time.sleep(0.3)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
 
