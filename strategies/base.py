@@ -523,8 +523,9 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
     ) -> Iterator[Accepted]:
         """Match and validate the replies one at a time; yield the accepted ones.
 
-        The failed and rejected replies are reported as they come, the missing ones once the
-        replies are exhausted.  The tensors are views of the reply's payload bytes (no copies).
+        Held replies in their senders' order (:func:`~strategies.replies.in_node_order`), a lazy
+        stream as it comes.  The failed and rejected replies are reported in that order, the missing
+        ones once the replies are exhausted.  The tensors are views of the reply's payload bytes (no copies).
         """
         ordered = in_node_order(replies, self.node_order)
         for reply, rec in matched_replies(ordered, by_message_id(self._sent_train), report, "train"):
@@ -592,8 +593,8 @@ class HeterogeneousStrategy(Strategy, Generic[ResultT]):
                 sums.add(entry, tensors)
             del tensors
             kept.append(entry if keep_tensors else replace(entry, tensors={}))
-        for variant, buf in buffers.items():
-            median, total, count = buf.result()
+        for variant in sorted(buffers, key=self.catalog.names().index):  # the catalog's order, not the replies'
+            median, total, count = buffers[variant].result()
             sums.add_group(variant, median, total, count)
         return kept
 

@@ -150,7 +150,7 @@ def in_node_order(replies: Iterable[Message], order: NodeOrder) -> Iterable[Mess
 def matched_replies(
     replies: Iterable[Message], sent: Mapping[str, Sent], report: RoundReport, what: str
 ) -> Iterator[tuple[Message, Sent]]:
-    """Each usable reply with what it answers (``sent`` keyed by message id), in arrival order.
+    """Each usable reply with what it answers (``sent`` keyed by message id), in the order of ``replies``.
 
     The unusable ones are reported as they come (:func:`match_reply`), the nodes not heard from
     once ``replies`` is exhausted (:func:`report_missing`).

@@ -9,16 +9,17 @@ in which the order differs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from unittest.mock import Mock
 
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from strategies.baselines import LocalTraining
 from strategies.inclusivefl import InclusiveFL
 from strategies.profiles import NodeProfile
 from strategies.replies import in_node_order
-from tests.toy import constant_state, reply, sent, toy_catalog
+from tests.toy import constant_state, error_reply, reply, sent, toy_catalog
 
 DEPTHS = {"weak": 1, "medium": 2, "strong": 3}
 #: node id -> (node-key, the value of every weight it returns); ids run against the keys' order
@@ -81,3 +82,35 @@ def test_kept_node_models_are_evaluated_in_node_key_order_whatever_order_they_we
         s.keep_node_model(sent(s, node, "strong"), {k: torch.full_like(t, node) for k, t in s.state["strong"].items()})
     models = s.models_for_evaluation()["strong"]
     assert [float(next(iter(m.values())).flatten()[0]) for m in models] == [30.0, 20.0, 10.0]
+
+
+def _evaluate_reply(s: InclusiveFL, node: int, accuracy: float) -> Message:
+    rec = sent(s, node, "strong")
+    s._sent_eval[rec.message.metadata.message_id] = rec
+    m = Mock(spec=Message)
+    metrics = MetricRecord({"num-examples": 1, "loss": accuracy, "accuracy": accuracy})
+    m.content = RecordDict({"metrics": metrics, "config": ConfigRecord({"variant": "strong", "server-round": 1})})
+    m.metadata = Mock(reply_to_message_id=rec.message.metadata.message_id, src_node_id=node)
+    m.has_error.return_value = False
+    return m
+
+
+def test_federated_evaluation_means_do_not_depend_on_the_arrival_order() -> None:
+    # float64 sums of 0.1, 0.2, 0.3: 0.6000000000000001 one way round, 0.6 the other
+    results = []
+    for order in ((0, 1, 2), (2, 1, 0)):
+        s, _ = _strategy_and_replies()
+        replies = [_evaluate_reply(s, node, acc) for node, acc in ((30, 0.1), (20, 0.2), (10, 0.3))]
+        out = s.aggregate_evaluate(1, [replies[i] for i in order])
+        assert out is not None
+        results.append(out["strong/fed-accuracy"])
+    assert results[0] == results[1] == (0.1 + 0.2 + 0.3) / 3
+
+
+def test_keyed_keyless_and_unknown_senders_sort_without_error() -> None:
+    s, replies = _strategy_and_replies()
+    s.profiles[5] = NodeProfile(5, "strong", 1.0, 10, True, "strong", "")  # no node-key: by id, before keyed ones
+    keyless = reply(sent(s, 5, "strong"), {}, num_examples=10)
+    superlink_error = error_reply(sent(s, 40, "strong"), src_node_id=1)  # from node 1, which has no profile
+    ordered = in_node_order([*replies, keyless, superlink_error], s.node_order)
+    assert [r.metadata.src_node_id for r in ordered] == [1, 5, 30, 20, 10]
