@@ -14,8 +14,7 @@ from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.grid import PromptGrid
 from strategies.inclusivefl import InclusiveFL
 from tests.flower_runs import tiny_budgets
-from tests.handlers import task_identity
-from tests.test_held import LoopGrid
+from tests.handlers import LoopGrid, task_identity
 from tests.toy import constant_state, reply, sent, toy_catalog, trained
 
 __all__ = ["task_identity"]  # a fixture

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-import client.app as app
 from client.held import ArrayStore, held_arrays_mod
 from experiment.config import RunConfig
 from experiment.held import (
@@ -33,8 +32,7 @@ from experiment.protocol import ARRAYS
 from server.app import build_strategy
 from strategies.base import HeterogeneousStrategy
 from strategies.grid import HeldArrays, HeldArraysGrid
-from strategies.records import record_nbytes
-from tests.handlers import context, task_identity  # noqa: F401  (fixture)
+from tests.handlers import LoopGrid, context, task_identity  # noqa: F401  (fixture)
 
 RUN = {"model": "tiny", "tier-memory-mb": "auto", "local-steps": 2, "batch-size": 8}
 
@@ -254,55 +252,6 @@ def test_mod_with_keeping_off_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 # --- the server's side, with the real ClientApp in-process ----------------------------------------
-
-
-def _delivered(msg: Message) -> Message:
-    """What a node receives: a copy of ``msg`` (what the ClientApp changes never reaches the sender's message)."""
-    content = RecordDict()
-    for key, record in msg.content.items():
-        if isinstance(record, ArrayRecord):
-            content[key] = ArrayRecord(dict(record.items()))
-        elif isinstance(record, ConfigRecord):
-            content[key] = ConfigRecord(dict(record.items()))
-        else:
-            raise TypeError(f"unexpected record {key!r}: {type(record).__name__}")
-    got = Message(content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type)
-    got.metadata.__dict__["_message_id"] = msg.metadata.message_id
-    return got
-
-
-class LoopGrid:
-    """Nodes ``1..n`` served by the real ClientApp (mods included) in-process; counts array bytes pushed."""
-
-    def __init__(self, run_config: Mapping[str, object], nodes: int) -> None:
-        self.run_config, self.nodes = dict(run_config), nodes
-        self.replies: dict[str, Message] = {}
-        self.pushed_bytes: list[int] = []
-        self.pushed_names: list[list[str]] = []  # array names of each train / evaluate message pushed
-        self.reply_names: list[list[str]] = []  # array names of each train reply as the node sent it
-
-    def get_node_ids(self) -> list[int]:
-        return list(range(1, self.nodes + 1))
-
-    def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        ids = []
-        for msg in messages:
-            msg_id = msg.object_id
-            msg.metadata.__dict__["_message_id"] = msg_id  # what pushing a message sets
-            arrays = msg.content.get(ARRAYS)
-            if msg.metadata.message_type in ("train", "evaluate"):  # not the strategy's profile queries
-                self.pushed_bytes.append(record_nbytes(arrays) if isinstance(arrays, ArrayRecord) else 0)
-                self.pushed_names.append(list(arrays) if isinstance(arrays, ArrayRecord) else [])
-            ctx = context(self.run_config, pid=msg.metadata.dst_node_id - 1, num=self.nodes)
-            self.replies[msg_id] = app.app(_delivered(msg), ctx)
-            sent = self.replies[msg_id].content.get(ARRAYS) if not self.replies[msg_id].has_error() else None
-            if msg.metadata.message_type == "train" and isinstance(sent, ArrayRecord):
-                self.reply_names.append(list(sent))
-            ids.append(msg_id)
-        return ids
-
-    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
-        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
 
 
 def _run(
