@@ -8,17 +8,24 @@ in which the order differs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from unittest.mock import Mock
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
+import strategies.base
+from experiment.config import RunConfig
+from server.app import build_strategy
 from strategies.baselines import LocalTraining
+from strategies.grid import PromptGrid
 from strategies.inclusivefl import InclusiveFL
 from strategies.profiles import NodeProfile
 from strategies.replies import in_node_order
+from tests.flower_runs import tiny_budgets
+from tests.handlers import LoopGrid, task_identity  # noqa: F401  (fixture)
 from tests.toy import constant_state, error_reply, reply, sent, toy_catalog
 
 DEPTHS = {"weak": 1, "medium": 2, "strong": 3}
@@ -114,3 +121,43 @@ def test_keyed_keyless_and_unknown_senders_sort_without_error() -> None:
     superlink_error = error_reply(sent(s, 40, "strong"), src_node_id=1)  # from node 1, which has no profile
     ordered = in_node_order([*replies, keyless, superlink_error], s.node_order)
     assert [r.metadata.src_node_id for r in ordered] == [1, 5, 30, 20, 10]
+
+
+class ArrivalOrderGrid(LoopGrid):
+    """The real ClientApp in-process; replies arrive by node id, ascending or descending."""
+
+    def __init__(self, run_config: dict[str, object], nodes: int, *, descending: bool) -> None:
+        super().__init__(run_config, nodes)
+        self.descending = descending
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        got = super().pull_messages(message_ids)
+        return sorted(got, key=lambda m: m.metadata.src_node_id, reverse=self.descending)
+
+
+def _two_rounds(*, descending: bool) -> dict[str, torch.Tensor]:
+    """Two rounds of ``all-large`` on 4 in-process nodes (one group of 4 replies): the final model."""
+    run = {"model": "tiny", "method": "all-large", "tier-memory-mb": tiny_budgets(), "local-steps": 1}
+    cfg = RunConfig.model_validate(run)
+    strategy = build_strategy(cfg)
+    init = cfg.family().initial_states(cfg.catalog, seed=0)
+    arrays = strategy.set_state({v.name: init[v.name] for v in cfg.training_catalog})
+    grid = PromptGrid(ArrivalOrderGrid(run, nodes=4, descending=descending), poll_interval=0.0)  # type: ignore[arg-type]
+    for rnd in (1, 2):
+        msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid))  # type: ignore[arg-type]
+        result = strategy.aggregate_train(rnd, list(grid.send_and_receive(msgs)))
+        assert result[0] is not None
+        arrays = result[0]
+    return {k: t.clone() for k, t in strategy.state["strong"].items()}
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_real_clients_replies_in_either_arrival_order_give_a_bit_identical_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ascending, descending = _two_rounds(descending=False), _two_rounds(descending=True)
+    assert all(torch.equal(ascending[k], descending[k]) for k in ascending)
+    # and the arrival order does reach the model where replies are folded as they come
+    monkeypatch.setattr(strategies.base, "in_node_order", lambda replies, order: replies)
+    unsorted = _two_rounds(descending=True)
+    assert any(not torch.equal(ascending[k], unsorted[k]) for k in ascending)
