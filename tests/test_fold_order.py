@@ -9,12 +9,11 @@ in which the order differs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from unittest.mock import Mock
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message
 
 import strategies.base
 from experiment.config import RunConfig
@@ -26,7 +25,7 @@ from strategies.profiles import NodeProfile
 from strategies.replies import in_node_order
 from tests.flower_runs import tiny_budgets
 from tests.handlers import LoopGrid, task_identity  # noqa: F401  (fixture)
-from tests.toy import constant_state, error_reply, reply, sent, toy_catalog
+from tests.toy import constant_state, error_reply, evaluate_reply, reply, sent, toy_catalog
 
 DEPTHS = {"weak": 1, "medium": 2, "strong": 3}
 #: node id -> (node-key, the value of every weight it returns); ids run against the keys' order
@@ -94,12 +93,7 @@ def test_kept_node_models_are_evaluated_in_node_key_order_whatever_order_they_we
 def _evaluate_reply(s: InclusiveFL, node: int, accuracy: float) -> Message:
     rec = sent(s, node, "strong")
     s._sent_eval[rec.message.metadata.message_id] = rec
-    m = Mock(spec=Message)
-    metrics = MetricRecord({"num-examples": 1, "loss": accuracy, "accuracy": accuracy})
-    m.content = RecordDict({"metrics": metrics, "config": ConfigRecord({"variant": "strong", "server-round": 1})})
-    m.metadata = Mock(reply_to_message_id=rec.message.metadata.message_id, src_node_id=node)
-    m.has_error.return_value = False
-    return m
+    return evaluate_reply(rec, accuracy=accuracy, loss=accuracy)
 
 
 def test_federated_evaluation_means_do_not_depend_on_the_arrival_order() -> None:

@@ -69,8 +69,23 @@ def reply(
     )
     metrics = MetricRecord({"num-examples": num_examples, **(extra_metrics or {})})  # type: ignore[dict-item]
     cfg = ConfigRecord({"variant": variant or to.variant, "server-round": server_round})
+    content = RecordDict({"arrays": rec, "metrics": metrics, "config": cfg})
+    return _mock_reply(to, content, src_node_id=src_node_id, reply_to=reply_to)
+
+
+def evaluate_reply(to: Sent, *, accuracy: float, loss: float, num_examples: int = 1, server_round: int = 1) -> Message:
+    """A mock evaluation reply to ``to``: metrics and config only, as the ClientApp's evaluate sends."""
+    metrics = MetricRecord({"num-examples": num_examples, "loss": loss, "accuracy": accuracy})
+    cfg = ConfigRecord({"variant": to.variant, "server-round": server_round})
+    return _mock_reply(to, RecordDict({"metrics": metrics, "config": cfg}))
+
+
+def _mock_reply(
+    to: Sent, content: RecordDict, *, src_node_id: int | None = None, reply_to: str | None = None
+) -> Message:
+    """A mock reply carrying ``content``, answering ``to`` (or message ``reply_to``) from its node."""
     m = Mock(spec=Message)
-    m.content = RecordDict({"arrays": rec, "metrics": metrics, "config": cfg})
+    m.content = content
     answered = reply_to or to.message.metadata.message_id
     m.metadata = Mock(reply_to_message_id=answered, src_node_id=src_node_id or to.node_id)
     m.has_error.return_value = False
