@@ -152,9 +152,8 @@ def layer_features(
 
 def width_cut_model(spec: TransformerSpec, full: PreTrainedModel, rate: float) -> PreTrainedModel:
     """The full-depth model at width ``rate`` whose weights are HeteroFL's leading slices of ``full``'s."""
-    state = {k: v.detach() for k, v in full.state_dict().items()}
-    names = [k for k, _ in full.named_parameters()]
-    params = {k: state[k] for k in names}
+    params = {k: v.detach() for k, v in full.named_parameters()}
+    names = list(params)
     sub = extract_submodel(params, WidthRules(axes=bert_width_rules(names)), rate)
     model = classifier_class(spec)(width_config(spec, rate))
     missing, unexpected = model.load_state_dict(sub, strict=False)
@@ -191,7 +190,6 @@ def probe_table(
     data: DataSpec,
     *,
     train_size: int,
-    pooling: str,
     depths: Sequence[int],
     rates: Sequence[float] = (),
     max_length: int = 48,
@@ -212,8 +210,8 @@ def probe_table(
     cuts = [("width 1 (depth cuts)", 1.0), *[(f"width {r:.3f}", r) for r in sorted({*matched, *rates}, reverse=True)]]
     for label, rate in cuts:
         model = full if rate == 1.0 else width_cut_model(spec, full, rate)
-        f_train = layer_features(model, x_train, pooling=pooling)
-        f_held = layer_features(model, x_held, pooling=pooling)
+        f_train = layer_features(model, x_train, pooling=spec.pooling)
+        f_held = layer_features(model, x_held, pooling=spec.pooling)
         accs = []
         for k in range(len(f_train)):
             probe = fit_linear_probe(f_train[k], y_train, num_classes=spec.num_labels)
@@ -222,7 +220,7 @@ def probe_table(
     majority = float(max((y_held == c).double().mean() for c in range(spec.num_labels)))
     return ProbeTable(
         source=spec.source,
-        pooling=pooling,
+        pooling=spec.pooling,
         train=len(train),
         held_out=len(held_out),
         majority=majority,
@@ -252,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = DataSpec(eval_split="validation", seed=args.seed)
     depths = [int(d) for d in args.depths.split(":")]
     rates = [snap_rate(spec, float(r))[0] for r in args.rates.split(":") if r]
-    table = probe_table(spec, data, train_size=args.train, pooling=args.pooling, depths=depths, rates=rates)
+    table = probe_table(spec, data, train_size=args.train, depths=depths, rates=rates)
     if args.json:
         print(json.dumps(dataclasses.asdict(table), indent=1))
         return 0
