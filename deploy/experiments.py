@@ -40,7 +40,7 @@ from typing import Any
 
 from deploy.claims import Claim, ClaimError, parse_claims
 from deploy.console import RoundTail
-from deploy.flower import ROOT
+from deploy.flower import ROOT, code_version
 from deploy.launch import check_gpus_per_client, run_simulation
 from deploy.locks import file_lock
 from deploy.overrides import merge_overrides, parse_pairs, run_config_pairs
@@ -451,6 +451,7 @@ def run_suite(
         else:
             print(f"{head}: running", flush=True)
             t0 = time.time()
+            code = code_version()  # what `flwr run` packs now: the marker names it
             folder = runs_dir / pr.run_name
             with (
                 file_lock(lock),
@@ -466,6 +467,7 @@ def run_suite(
                 print(f"    FAILED (flwr exit {outcome.returncode}); last output:\n{outcome.log[-3000:]}", flush=True)
                 continue
             marker = {"label": pr.label, "seed": pr.seed, "run-config": pr.run_config, "supernodes": pr.supernodes}
+            marker["code"] = code
             (folder / "experiment.json").write_text(json.dumps(marker, indent=2))
             print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)
         if is_done(runs_dir, pr):

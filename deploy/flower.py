@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -114,3 +115,25 @@ def failure_reason(output: str) -> str | None:
         if match:
             found = f"{match.group(1)}: {match.group(2)}"
     return found
+
+
+def code_version(root: Path = ROOT) -> str:
+    """The commit of the code under ``root``, ``-dirty`` appended when tracked files differ from it.
+
+    ``"unknown"`` where ``root`` is not a git checkout or git is missing (e.g. a copy of the tree
+    on another machine).  Recorded beside each suite run, so a result names the code that made it.
+    """
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}-dirty" if changed else head

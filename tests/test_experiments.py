@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from deploy import console, reports
 from deploy import experiments as ex
 from deploy.experiments import Preset, Suite, SuiteError, SuiteRun
+from deploy.flower import code_version
 from deploy.reports import Cell, RunResult
 from experiment.config import RunConfig
 
@@ -382,3 +384,20 @@ def test_every_shipped_claim_compares_tiers_its_rows_train() -> None:
                 assert tier in cfg.tier_names, (name, claim.label, label, tier, cfg.tier_names)
     assert {c.label for c in ex.load_suite("heterofl").claims} >= {"C12"}
     assert {c.label for c in ex.load_suite("inclusivefl-proportions").claims} >= {"C1 (1:1:1)", "C1 (1:2:7)"}
+
+
+def test_code_version_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+
+    assert code_version(tmp_path) == "unknown"  # not a checkout
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("1\n")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD").strip()
+    assert code_version(tmp_path) == head
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert code_version(tmp_path) == head
+    (tmp_path / "a.txt").write_text("2\n")
+    assert code_version(tmp_path) == f"{head}-dirty"
