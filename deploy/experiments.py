@@ -466,8 +466,10 @@ def run_suite(
                 failed.append(pr)
                 print(f"    FAILED (flwr exit {outcome.returncode}); last output:\n{outcome.log[-3000:]}", flush=True)
                 continue
-            marker = {"label": pr.label, "seed": pr.seed, "run-config": pr.run_config, "supernodes": pr.supernodes}
-            marker["code"] = code
+            marker = {
+                "label": pr.label, "seed": pr.seed, "run-config": pr.run_config, "supernodes": pr.supernodes,
+                "code": code,
+            }  # fmt: skip
             (folder / "experiment.json").write_text(json.dumps(marker, indent=2))
             print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)
         if is_done(runs_dir, pr):

@@ -123,17 +123,14 @@ def code_version(root: Path = ROOT) -> str:
     ``"unknown"`` where ``root`` is not a git checkout or git is missing (e.g. a copy of the tree
     on another machine).  Recorded beside each suite run, so a result names the code that made it.
     """
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=30)
+        return run.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout.strip()
+        head = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}-dirty" if changed else head
