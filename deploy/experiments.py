@@ -3,7 +3,8 @@
 Usage::
 
     python -m deploy.experiments SUITE [--preset cpu|paper] [--seeds N] [--first-seed S] [--out DIR]
-                                       [--only LABEL ...] [--lock FILE] [--dry-run | --report-only]
+                                       [--only LABEL ...] [--lock FILE] [--archive]
+                                       [--dry-run | --report-only]
     python -m deploy.experiments --list
 
 A *suite* (``deploy/suites/<name>.toml``) is data: a list of runs (one table row each: a label,
@@ -20,7 +21,9 @@ Outputs under ``--out`` (default ``results/experiments/<suite>-<preset>``): ``ru
 (each run's own results folder), ``table.md`` and ``table.csv`` (final and best value of the
 suite's metric, mean and standard error over seeds, per run label and tier; rounds-to-best; wall
 time), ``convergence.png`` (mean curve per label, one panel per tier, +/- one standard error),
-written by :mod:`deploy.reports`.
+written by :mod:`deploy.reports`. ``--archive`` also copies each finished run's small record files
+into the tracked ``docs/runs/<suite>-<preset>/`` (:mod:`deploy.archive`), from which
+``--report-only --out docs/runs/<suite>-<preset>`` rebuilds the tables on any checkout.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.archive import archive_folder, archive_run
 from deploy.claims import Claim, ClaimError, parse_claims
 from deploy.console import RoundTail
 from deploy.flower import ROOT, code_version
@@ -428,11 +432,14 @@ def run_suite(
     first_seed: int | None = None,
     gpus_per_client: float | None = None,
     check: bool = True,
+    archive: Path | None = None,
 ) -> tuple[list[RunResult], list[PlannedRun]]:
     """Launch every planned run that is not done yet; return the finished runs' results and the failures.
 
     ``check=False`` skips the pre-flight of the runs still to do (:func:`check_runs`): for
     ``--report-only``, which starts none of them, its warnings would only bury the table.
+    ``archive``: copy each finished run's record into ``archive / runs / <run-name>``
+    (:func:`deploy.archive.archive_run`), the runs found done included.
     """
     runs_dir = out / "runs"
     planned = plan_runs(suite, preset, seeds, only, first_seed, gpus_per_client)
@@ -473,6 +480,8 @@ def run_suite(
             (folder / "experiment.json").write_text(json.dumps(marker, indent=2))
             print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)
         if is_done(runs_dir, pr):
+            if archive is not None and archive.resolve() != out.resolve():
+                archive_run(runs_dir / pr.run_name, archive / "runs" / pr.run_name)
             others = tuple(c.metric for c in suite.claims if c.metric)
             done.append(
                 read_run(
@@ -506,6 +515,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--lock", type=Path, default=None, help="extra flock(FILE) per run")
     parser.add_argument("--echo", action="store_true", help="show Flower's own output of each run")
+    parser.add_argument(
+        "--archive",
+        action="store_true",
+        help="copy each finished run's record (marker, config, per-round metrics, summary; a few kB) into the "
+        "tracked docs/runs/SUITE-PRESET/, a folder --report-only --out can rebuild the tables from",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the plan (and what is done) without running")
     mode.add_argument("--report-only", action="store_true", help="write the tables from finished runs only")
@@ -536,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
             dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
             gpus_per_client=args.gpus_per_client, check=not args.report_only,
+            archive=archive_folder(out) if args.archive else None,
         )  # fmt: skip
     except SuiteError as exc:
         print(f"pre-flight failed, nothing was started: {exc}", file=sys.stderr)
