@@ -439,18 +439,28 @@ def run_suite(
     ``check=False`` skips the pre-flight of the runs still to do (:func:`check_runs`): for
     ``--report-only``, which starts none of them, its warnings would only bury the table.
     ``archive``: copy each finished run's record into ``archive / runs / <run-name>``
-    (:func:`deploy.archive.archive_run`), the runs found done included.
+    (:func:`deploy.archive.archive_run`), the runs found done included; a run not done under
+    ``out`` but done in the archive (an earlier checkout's) counts as done and is read from there.
     """
     runs_dir = out / "runs"
+    kept = None if archive is None or archive.resolve() == out.resolve() else archive / "runs"
+
+    def finished(pr: PlannedRun) -> Path | None:
+        """The folder holding ``pr`` finished: under ``out`` first, else in the archive."""
+        for where in (runs_dir, kept):
+            if where is not None and is_done(where, pr):
+                return where / pr.run_name
+        return None
+
     planned = plan_runs(suite, preset, seeds, only, first_seed, gpus_per_client)
     if check:
-        check_runs([pr for pr in planned if not is_done(runs_dir, pr)])
+        check_runs([pr for pr in planned if finished(pr) is None])
     done: list[RunResult] = []
     failed: list[PlannedRun] = []
     t_suite = time.time()
     for i, pr in enumerate(planned, 1):
         head = f"[{i}/{len(planned)}] {pr.label} seed {pr.seed} ({pr.run_name}, {pr.supernodes} supernodes)"
-        if is_done(runs_dir, pr):
+        if finished(pr) is not None:
             print(f"{head}: done, skipped", flush=True)
         elif dry_run:
             print(f"{head}: to run" + (f'\n    --run-config "{pr.run_config}"' if show_config else ""), flush=True)
@@ -479,15 +489,12 @@ def run_suite(
             }  # fmt: skip
             (folder / "experiment.json").write_text(json.dumps(marker, indent=2))
             print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)
-        if is_done(runs_dir, pr):
-            if archive is not None and archive.resolve() != out.resolve():
-                archive_run(runs_dir / pr.run_name, archive / "runs" / pr.run_name)
+        record = finished(pr)
+        if record is not None:
+            if kept is not None and record.parent != kept:
+                archive_run(record, kept / pr.run_name)
             others = tuple(c.metric for c in suite.claims if c.metric)
-            done.append(
-                read_run(
-                    runs_dir / pr.run_name, label=pr.label, seed=pr.seed, metric=suite.metric, other_metrics=others
-                )
-            )
+            done.append(read_run(record, label=pr.label, seed=pr.seed, metric=suite.metric, other_metrics=others))
     return done, failed
 
 

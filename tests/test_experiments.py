@@ -437,3 +437,15 @@ def test_archive_refuses_an_unfinished_run_and_copies_nothing(tmp_path: Path) ->
     with pytest.raises(archive_mod.ArchiveError, match=r"lacks experiment\.json, rounds\.jsonl, summary\.csv"):
         archive_mod.archive_run(tmp_path / "run", tmp_path / "kept")
     assert not (tmp_path / "kept").exists()
+
+
+def test_a_run_in_the_archive_counts_as_done_on_a_new_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (planned,) = ex.plan_runs(ex.load_suite("tiny"), "cpu", seeds=1)
+    archive = tmp_path / "docs" / "runs" / "tiny-cpu"
+    _finished_run(archive / "runs" / planned.run_name, planned, final=0.5)
+    out = tmp_path / "results" / "tiny-cpu"  # a new checkout: nothing under results/
+    done, failed = ex.run_suite(ex.load_suite("tiny"), "cpu", seeds=1, out=out, dry_run=True, archive=archive)
+    assert failed == [] and [r.curves["strong"][2] for r in done] == [0.5]
+    assert "done, skipped" in capsys.readouterr().out and not out.exists()  # not run, not copied back
