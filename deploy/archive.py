@@ -50,6 +50,10 @@ def archive_run(folder: Path, dest: Path) -> list[Path]:
     return [Path(shutil.copy2(folder / name, dest / name)) for name in RECORD_FILES]
 
 
-def archive_folder(out: Path, archive_dir: Path = ARCHIVE_DIR) -> Path:
-    """Where the runs of the runner's output folder ``out`` are archived: ``archive_dir / out.name``."""
-    return archive_dir / out.name
+def archive_folder(suite: str, preset: str, archive_dir: Path | None = None) -> Path:
+    """Where the runs of ``suite`` under ``preset`` are archived: ``archive_dir / "<suite>-<preset>"``.
+
+    ``archive_dir`` defaults to :data:`ARCHIVE_DIR`, read at call time. The name does not follow
+    the runner's ``--out``: runs made under any output folder land in the suite's one archive.
+    """
+    return (ARCHIVE_DIR if archive_dir is None else archive_dir) / f"{suite}-{preset}"

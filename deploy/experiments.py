@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.archive import archive_folder, archive_run
+from deploy.archive import ArchiveError, archive_folder, archive_run
 from deploy.claims import Claim, ClaimError, parse_claims
 from deploy.console import RoundTail
 from deploy.flower import ROOT, code_version
@@ -433,6 +433,7 @@ def run_suite(
     gpus_per_client: float | None = None,
     check: bool = True,
     archive: Path | None = None,
+    copy_to_archive: bool = True,
 ) -> tuple[list[RunResult], list[PlannedRun]]:
     """Launch every planned run that is not done yet; return the finished runs' results and the failures.
 
@@ -441,6 +442,10 @@ def run_suite(
     ``archive``: copy each finished run's record into ``archive / runs / <run-name>``
     (:func:`deploy.archive.archive_run`), the runs found done included; a run not done under
     ``out`` but done in the archive (an earlier checkout's) counts as done and is read from there.
+    A run done in both is read from ``out`` and its record replaces the archived one. An
+    ``archive`` that is ``out`` itself is ignored. A finished run that cannot be archived (a
+    record file missing) is reported and the suite goes on. ``copy_to_archive=False`` (``--dry-run``)
+    reads the archive but writes nothing to it.
     """
     runs_dir = out / "runs"
     kept = None if archive is None or archive.resolve() == out.resolve() else archive / "runs"
@@ -491,8 +496,11 @@ def run_suite(
             print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)
         record = finished(pr)
         if record is not None:
-            if kept is not None and record.parent != kept:
-                archive_run(record, kept / pr.run_name)
+            if copy_to_archive and kept is not None and record.parent != kept:
+                try:
+                    archive_run(record, kept / pr.run_name)
+                except ArchiveError as exc:
+                    print(f"    not archived: {exc}", flush=True)
             others = tuple(c.metric for c in suite.claims if c.metric)
             done.append(read_run(record, label=pr.label, seed=pr.seed, metric=suite.metric, other_metrics=others))
     return done, failed
@@ -558,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
             dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
             gpus_per_client=args.gpus_per_client, check=not args.report_only,
-            archive=archive_folder(out) if args.archive else None,
+            archive=archive_folder(suite.name, args.preset) if args.archive else None, copy_to_archive=not args.dry_run,
         )  # fmt: skip
     except SuiteError as exc:
         print(f"pre-flight failed, nothing was started: {exc}", file=sys.stderr)

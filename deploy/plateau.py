@@ -21,10 +21,11 @@ otherwise.
 Usage::
 
     python -m deploy.plateau DIR --tier T [--metric M] --window W --candidates FIRST:LAST:STEP
-                             --tail A:B [--tolerance 0.01]
+                             --tail A:B [--tolerance 0.01] [--only LABEL ...]
 
 ``DIR`` is a runner ``--out`` folder (``results/experiments/SUITE-PRESET`` or its archive
-``docs/runs/SUITE-PRESET``); every finished run in ``DIR/runs`` is judged.
+``docs/runs/SUITE-PRESET``); every finished run in ``DIR/runs`` (each one with ``--only``'s
+labels) is judged.
 """
 
 from __future__ import annotations
@@ -62,7 +63,14 @@ def window_mean(curve: Mapping[int, float], first: int, last: int) -> float:
 
 
 def settled_gap(curve: Mapping[int, float], rounds: int, *, window: int, tail: tuple[int, int]) -> float:
-    r""":math:`m_R - m_\text{tail}` for ``R = rounds`` (negative: the curve still rises after ``R``)."""
+    r""":math:`m_R - m_\text{tail}` for ``R = rounds`` (negative: the curve still rises after ``R``).
+
+    Raises
+    ------
+    PlateauError
+        If a round of either window was not measured (:func:`window_mean`).
+
+    """
     return window_mean(curve, rounds - window + 1, rounds) - window_mean(curve, *tail)
 
 
@@ -76,8 +84,14 @@ def first_settled(
 ) -> int | None:
     """The first ``R`` of ``candidates`` at which every curve is settled (``|gap| <= tolerance``), else None.
 
-    ``curves`` maps a run's name to its curve. A float tolerance of ``1e-12`` absorbs rounding
-    of the means, so a gap of exactly ``tolerance`` counts as settled.
+    ``curves`` maps a run's name to its curve. A slack of ``1e-12`` absorbs the rounding of the
+    means, so a gap of exactly ``tolerance`` counts as settled.
+
+    Raises
+    ------
+    PlateauError
+        If a curve lacks a round the rule reads (:func:`window_mean`).
+
     """
     for rounds in candidates:
         if all(abs(settled_gap(c, rounds, window=window, tail=tail)) <= tolerance + 1e-12 for c in curves.values()):
@@ -102,12 +116,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--candidates", type=lambda t: _span(t, 3), required=True, help="FIRST:LAST:STEP")
     parser.add_argument("--tail", type=lambda t: _span(t, 2), required=True, help="A:B, the tail rounds")
     parser.add_argument("--tolerance", type=float, default=0.01, help="largest |m_R - m_tail| (0.01 = 1 point)")
+    parser.add_argument("--only", action="append", default=[], help="judge only this row label (repeatable)")
     args = parser.parse_args(argv)
     first, last, step = args.candidates
+    if step <= 0 or first > last or first < args.window:
+        parser.error(f"--candidates {first}:{last}:{step}: need STEP >= 1 and WINDOW <= FIRST <= LAST")
     candidates = list(range(first, last + 1, step))
     curves: dict[str, Mapping[int, float]] = {}
     for folder in sorted((args.out / "runs").glob("*/experiment.json")):
         marker = json.loads(folder.read_text())
+        if args.only and marker["label"] not in args.only:
+            continue
         run = read_run(folder.parent, label=marker["label"], seed=int(marker["seed"]), metric=args.metric)
         if args.tier in run.curves:
             curves[f"{run.label} (seed {run.seed})"] = run.curves[args.tier]
@@ -115,19 +134,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no finished run in {args.out / 'runs'} measured {args.metric!r} on tier {args.tier!r}")
         return 1
     tail = (args.tail[0], args.tail[1])
-    print(f"m_R - m_tail in points ({args.metric}, tier {args.tier}, window {args.window}, tail {tail[0]}-{tail[1]})")
-    print("| run | " + " | ".join(f"R = {r}" for r in candidates) + " |")
-    print("| --- |" + " --- |" * len(candidates))
     try:
-        for name, curve in curves.items():
-            gaps = [settled_gap(curve, r, window=args.window, tail=tail) for r in candidates]
-            print(f"| {name} | " + " | ".join(f"{100 * g:+.2f}" for g in gaps) + " |")
+        rows = {
+            name: [settled_gap(c, r, window=args.window, tail=tail) for r in candidates] for name, c in curves.items()
+        }
         found = first_settled(curves, candidates, window=args.window, tail=tail, tolerance=args.tolerance)
     except PlateauError as exc:
         print(f"cannot judge: {exc}")
         return 1
+    print(f"m_R - m_tail in points ({args.metric}, tier {args.tier}, window {args.window}, tail {tail[0]}-{tail[1]})")
+    print("| run | " + " | ".join(f"R = {r}" for r in candidates) + " |")
+    print("| --- |" + " --- |" * len(candidates))
+    for name, gaps in rows.items():
+        print(f"| {name} | " + " | ".join(f"{100 * g:+.2f}" for g in gaps) + " |")
     verdict = f"R = {found}" if found is not None else "none: no candidate stands for every run"
-    print(f"first candidate where every run is within {100 * args.tolerance:g} points: {verdict}")
+    print(f"first candidate where every run is within the tolerance ({100 * args.tolerance:g} points): {verdict}")
     return 0
 
 

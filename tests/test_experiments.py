@@ -19,6 +19,7 @@ from deploy.experiments import Preset, Suite, SuiteError, SuiteRun
 from deploy.flower import code_version
 from deploy.reports import Cell, RunResult
 from experiment.config import RunConfig
+from tests.toy import finished_suite_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -404,22 +405,10 @@ def test_code_version_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
     assert code_version(tmp_path) == f"{head}-dirty"
 
 
-def _finished_run(folder: Path, planned: ex.PlannedRun, final: float) -> None:
-    """A run folder as the runner leaves it: marker, resolved config, per-round metrics, summary."""
-    folder.mkdir(parents=True)
-    marker = {"label": planned.label, "seed": planned.seed, "run-config": planned.run_config}
-    (folder / "experiment.json").write_text(json.dumps(marker | {"supernodes": planned.supernodes}))
-    (folder / "config.json").write_text(json.dumps({"tiers": "weak:medium:strong"}))
-    rows = [{"round": r, "elapsed": 5.0 * r, "tiers": {"strong": {"local-accuracy": final * r / 2}}} for r in (1, 2)]
-    (folder / "rounds.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (folder / "summary.csv").write_text("method\nx\n")
-    (folder / "model.pt").write_bytes(b"not archived")
-
-
 def test_archive_keeps_the_record_files_and_rebuilds_the_same_table(tmp_path: Path) -> None:
     (planned,) = ex.plan_runs(ex.load_suite("tiny"), "cpu", seeds=1)
     out, archive = tmp_path / "results" / "tiny-cpu", tmp_path / "docs" / "runs" / "tiny-cpu"
-    _finished_run(out / "runs" / planned.run_name, planned, final=0.75)
+    finished_suite_run(out / "runs" / planned.run_name, planned, final=0.75)
     done, failed = ex.run_suite(ex.load_suite("tiny"), "cpu", seeds=1, out=out, dry_run=True, archive=archive)
     assert failed == [] and [r.curves["strong"] for r in done] == [{1: 0.375, 2: 0.75}]
     kept = archive / "runs" / planned.run_name
@@ -428,15 +417,6 @@ def test_archive_keeps_the_record_files_and_rebuilds_the_same_table(tmp_path: Pa
     assert ex.main(["tiny", "--report-only", "--out", str(out)]) == 0
     assert ex.main(["tiny", "--report-only", "--out", str(archive)]) == 0
     assert (archive / "table.csv").read_text() == (out / "table.csv").read_text()
-    assert archive_mod.archive_folder(out, tmp_path / "docs" / "runs") == archive
-
-
-def test_archive_refuses_an_unfinished_run_and_copies_nothing(tmp_path: Path) -> None:
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.json").write_text("{}")
-    with pytest.raises(archive_mod.ArchiveError, match=r"lacks experiment\.json, rounds\.jsonl, summary\.csv"):
-        archive_mod.archive_run(tmp_path / "run", tmp_path / "kept")
-    assert not (tmp_path / "kept").exists()
 
 
 def test_a_run_in_the_archive_counts_as_done_on_a_new_checkout(
@@ -444,7 +424,7 @@ def test_a_run_in_the_archive_counts_as_done_on_a_new_checkout(
 ) -> None:
     (planned,) = ex.plan_runs(ex.load_suite("tiny"), "cpu", seeds=1)
     archive = tmp_path / "docs" / "runs" / "tiny-cpu"
-    _finished_run(archive / "runs" / planned.run_name, planned, final=0.5)
+    finished_suite_run(archive / "runs" / planned.run_name, planned, final=0.5)
     out = tmp_path / "results" / "tiny-cpu"  # a new checkout: nothing under results/
     done, failed = ex.run_suite(ex.load_suite("tiny"), "cpu", seeds=1, out=out, dry_run=True, archive=archive)
     assert failed == [] and [r.curves["strong"][2] for r in done] == [0.5]

@@ -52,8 +52,13 @@ def test_command_judges_the_runs_of_an_out_folder(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     # B: rounds 5..8 average 0.325 (-47.5 points); 13..16 = 0.65, 0.70, 0.75, 0.80 -> m_16 = 0.725 (-7.5)
     assert "| B (seed 7) | -47.50 | -27.50 | -7.50 | +0.00 | +0.00 |" in out
-    assert "every run is within 1 points: R = 20" in out
+    assert "every run is within the tolerance (1 points): R = 20" in out
+    assert plateau.main([*argv, "--candidates", "8:24:4", "--tail", "21:24", "--only", "A"]) == 0
+    assert "B (seed 7)" not in capsys.readouterr().out
     assert plateau.main([*argv, "--candidates", "8:28:4", "--tail", "21:24"]) == 1
     assert "cannot judge: rounds [25, 26, 27, 28] were not measured" in capsys.readouterr().out
+    for bad in ("8:24:0", "24:8:4", "2:24:4"):  # no step, empty, a window reaching before round 0
+        with pytest.raises(SystemExit):
+            plateau.main([*argv, "--candidates", bad, "--tail", "21:24"])
     assert plateau.main([str(tmp_path), "--tier", "strong", "--window", "4", "--candidates", "8:24:4",
                          "--tail", "21:24"]) == 1  # fmt: skip

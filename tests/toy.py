@@ -1,14 +1,17 @@
-"""Tiny hand-made catalogs and mock Flower messages for unit tests."""
+"""Tiny hand-made catalogs, mock Flower messages and suite-run folders for unit tests."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from unittest.mock import Mock
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from deploy.experiments import PlannedRun
 from models.catalog import Layout, MemoryEstimate, ParamSpec, Role, Variant, VariantCatalog
 from strategies.base import HeterogeneousStrategy
 from strategies.records import to_record
@@ -107,3 +110,18 @@ def trained(state: Mapping[str, torch.Tensor], shift: float) -> dict[str, np.nda
 
 
 __all__ = ["constant_state", "error_reply", "reply", "sent", "to_record", "toy_catalog", "trained"]
+
+
+def finished_suite_run(folder: Path, planned: PlannedRun, final: float) -> None:
+    """A run folder as the suite runner leaves it: marker, resolved config, two rounds, summary, a checkpoint.
+
+    The strong tier reads ``final / 2`` after round 1 and ``final`` after round 2.
+    """
+    folder.mkdir(parents=True)
+    marker = {"label": planned.label, "seed": planned.seed, "run-config": planned.run_config}
+    (folder / "experiment.json").write_text(json.dumps(marker | {"supernodes": planned.supernodes}))
+    (folder / "config.json").write_text(json.dumps({"tiers": "weak:medium:strong"}))
+    rows = [{"round": r, "elapsed": 5.0 * r, "tiers": {"strong": {"local-accuracy": final * r / 2}}} for r in (1, 2)]
+    (folder / "rounds.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "summary.csv").write_text("method\nx\n")
+    (folder / "model.pt").write_bytes(b"not archived")
