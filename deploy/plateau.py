@@ -123,11 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--candidates {first}:{last}:{step}: need STEP >= 1 and WINDOW <= FIRST <= LAST")
     candidates = list(range(first, last + 1, step))
     curves: dict[str, Mapping[int, float]] = {}
-    for folder in sorted((args.out / "runs").glob("*/experiment.json")):
-        marker = json.loads(folder.read_text())
+    for marker_path in sorted((args.out / "runs").glob("*/experiment.json")):
+        marker = json.loads(marker_path.read_text())
         if args.only and marker["label"] not in args.only:
             continue
-        run = read_run(folder.parent, label=marker["label"], seed=int(marker["seed"]), metric=args.metric)
+        run = read_run(marker_path.parent, label=marker["label"], seed=int(marker["seed"]), metric=args.metric)
         if args.tier in run.curves:
             curves[f"{run.label} (seed {run.seed})"] = run.curves[args.tier]
     if not curves:
