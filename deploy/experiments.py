@@ -44,7 +44,7 @@ from typing import Any
 from deploy.archive import ArchiveError, archive_folder, archive_run
 from deploy.claims import Claim, ClaimError, parse_claims
 from deploy.console import RoundTail
-from deploy.flower import ROOT, code_version
+from deploy.flower import ROOT, code_version, machine_fingerprint
 from deploy.launch import check_gpus_per_client, run_simulation
 from deploy.locks import file_lock
 from deploy.overrides import merge_overrides, parse_pairs, run_config_pairs
@@ -490,7 +490,7 @@ def run_suite(
                 continue
             marker = {
                 "label": pr.label, "seed": pr.seed, "run-config": pr.run_config, "supernodes": pr.supernodes,
-                "code": code,
+                "code": code, "machine": machine_fingerprint(),
             }  # fmt: skip
             (folder / "experiment.json").write_text(json.dumps(marker, indent=2))
             print(f"    finished in {time.time() - t0:.0f} s (suite {time.time() - t_suite:.0f} s)", flush=True)

@@ -117,6 +117,38 @@ def failure_reason(output: str) -> str | None:
     return found
 
 
+def machine_fingerprint(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str | int]:
+    """What a run's numbers depend on beyond the code: the CPU, its instruction set, the core count, torch.
+
+    Runs of one seed and one code are bit-identical on one machine but differ by a few test
+    examples across machines (docs/RESULTS.md, "Same-seed runs across machines"), so a paired
+    difference is only as good as the machines of its two rows: the suite runner writes this
+    into each run's marker.  ``cpu-flags`` is the first 12 hex digits of the SHA-256 of the
+    sorted instruction-set flags (what decides the vector kernels a BLAS picks); fields that
+    cannot be read are ``"unknown"``.
+    """
+    import hashlib
+    from importlib import metadata
+
+    model, flags = "unknown", "unknown"
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown":
+            model = value.strip()
+        elif key.strip() == "flags" and flags == "unknown":
+            joined = " ".join(sorted(value.split()))
+            flags = hashlib.sha256(joined.encode()).hexdigest()[:12]
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "unknown"
+    return {"cpu": model, "cpu-flags": flags, "cores": os.cpu_count() or 0, "torch": torch_version}
+
+
 def code_version(root: Path = ROOT) -> str:
     """The commit of the code under ``root``, ``-dirty`` appended when tracked files differ from it.
 

@@ -429,3 +429,18 @@ def test_a_run_in_the_archive_counts_as_done_on_a_new_checkout(
     done, failed = ex.run_suite(ex.load_suite("tiny"), "cpu", seeds=1, out=out, dry_run=True, archive=archive)
     assert failed == [] and [r.curves["strong"][2] for r in done] == [0.5]
     assert "done, skipped" in capsys.readouterr().out and not out.exists()  # not run, not copied back
+
+
+def test_machine_fingerprint_reads_the_cpu_and_hashes_its_sorted_flags(tmp_path: Path) -> None:
+    import hashlib
+
+    from deploy.flower import machine_fingerprint
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: sse2 avx fpu\n\nprocessor\t: 1\n")
+    found = machine_fingerprint(info)
+    assert found["cpu"] == "AMD EPYC"
+    assert found["cpu-flags"] == hashlib.sha256(b"avx fpu sse2").hexdigest()[:12]
+    assert isinstance(found["cores"], int) and found["cores"] >= 1
+    missing = machine_fingerprint(tmp_path / "absent")
+    assert missing["cpu"] == "unknown" and missing["cpu-flags"] == "unknown"
