@@ -279,7 +279,19 @@ class RunConfig(AllGroups):
         "partitioner = 'dirichlet'.",
     )
     client_test_fraction: float = Field(
-        0.2, gt=0.0, lt=1.0, description="Share of each client's partition held out as its local test data."
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="Share of each client's partition held out as its local test data (client-test-split = "
+        "'partition').",
+    )
+    client_test_split: Literal["partition", "held-out"] = Field(
+        "partition",
+        description="Where each client's local test data (its fed-accuracy) comes from: 'partition' (a "
+        "client-test-fraction of its own training partition, part of the training split) or 'held-out' (its "
+        "label-matched share of the run's held-out split: the test split, or the validation carve with "
+        "eval-split = 'validation'; the client trains on its whole partition). Reported personalized "
+        "accuracies need 'held-out'.",
     )
     server_test_size: int = Field(
         0,

@@ -132,6 +132,7 @@ class Experiment:
             partitioner=cfg.partitioner,
             dirichlet_alpha=cfg.dirichlet_alpha,
             client_test_fraction=cfg.client_test_fraction,
+            client_test_split=cfg.client_test_split,
             server_test_size=cfg.server_test_size,
             eval_split=cfg.eval_split,
             validation_fraction=cfg.validation_fraction,

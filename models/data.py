@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from datasets import Dataset, DatasetDict, disable_progress_bars, load_dataset
 from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
+from numpy.typing import ArrayLike
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 from transformers import PreTrainedTokenizerBase
@@ -79,7 +80,15 @@ class DataSpec:
     dirichlet_alpha : float
         Concentration of the Dirichlet label partitioner.
     client_test_fraction : float
-        Share of each partition held out as the client's local test data.
+        Share of each partition held out as the client's local test data
+        (``client_test_split = "partition"``).
+    client_test_split : {"partition", "held-out"}
+        Where a client's local test data comes from: ``"partition"`` a ``client_test_fraction``
+        of its own training partition (the personalized-FL convention; that data is part of the
+        training split, so a reported run and a validation run test on the same pool), or
+        ``"held-out"`` the client's label-matched share of the run's held-out split
+        (:func:`label_matched_shares`: the test split, or the validation carve with
+        ``eval_split = "validation"``); the client then trains on its whole partition.
     server_test_size : int
         Examples of the held-out split used for centralized evaluation (0 = all).
     eval_split : {"test", "validation"}
@@ -109,6 +118,7 @@ class DataSpec:
     partitioner: str = "iid"
     dirichlet_alpha: float = 0.5
     client_test_fraction: float = 0.2
+    client_test_split: str = "partition"
     server_test_size: int = 0
     eval_split: str = "test"
     validation_fraction: float = 0.1
@@ -429,11 +439,98 @@ def check_partitioning(spec: DataSpec, num_partitions: int) -> None:
     _partitioner(spec, num_partitions)
 
 
+#: Where a client's local test data comes from (:class:`DataSpec`, ``client_test_split``).
+CLIENT_TEST_SPLITS = ("partition", "held-out")
+
+
+def label_matched_shares(train_label_counts: ArrayLike, held_out_labels: ArrayLike, seed: int) -> list[np.ndarray]:
+    r"""Deal a held-out split's examples to ``K`` clients, each class in proportion to the clients' training data.
+
+    With :math:`n_{k,c}` client ``k``'s training examples of class ``c``,
+    :math:`N_c = \sum_k n_{k,c}` and :math:`m_c` the held-out examples of class ``c``, client
+    ``k`` gets
+
+    .. math:: q_{k,c} = \lfloor m_c\, n_{k,c} / N_c \rfloor + [k \in R_c]
+
+    where :math:`R_c` are the :math:`m_c - \sum_k \lfloor m_c n_{k,c} / N_c \rfloor` clients
+    with the largest remainders (ties to the lower ``k``), so every held-out example of a class
+    some client trains on goes to exactly one client.  A class no client trains on
+    (:math:`N_c = 0`) goes to none.  The examples of each class are dealt in client order from a
+    permutation drawn by ``numpy.random.default_rng(seed)``, class by class in increasing order.
+    Each client's test data then follows its own label distribution (the personalized models
+    are judged on the kind of data they were personalized to: pFedKnow's and SemiFL's local test
+    sets, IID or Dirichlet), and no example is a training example.
+
+    Parameters
+    ----------
+    train_label_counts : array_like
+        ``(K, C)`` non-negative integers, :math:`n_{k,c}`.
+    held_out_labels : array_like
+        ``(M,)`` integer labels in ``0 .. C-1``.
+    seed : int
+        Seed of the per-class permutations (the run seed: the deal is a function of it).
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Client ``k``'s held-out indices, sorted.
+
+    Raises
+    ------
+    DataError
+        If the counts are not a non-negative ``(K, C)`` array or a label is outside ``0 .. C-1``.
+
+    """
+    counts = np.asarray(train_label_counts, dtype=np.int64)
+    labels = np.asarray(held_out_labels, dtype=np.int64)
+    if counts.ndim != 2 or (counts < 0).any():
+        raise DataError(f"train label counts must be a non-negative (clients, classes) array, got shape {counts.shape}")
+    num_clients, num_classes = counts.shape
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(f"held-out labels must lie in 0..{num_classes - 1}, got {labels.min()}..{labels.max()}")
+    rng = np.random.default_rng(seed)
+    shares: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in range(num_classes):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        total = int(counts[:, c].sum())
+        if total == 0 or members.size == 0:
+            continue
+        exact = members.size * counts[:, c]
+        quota = exact // total
+        short = members.size - int(quota.sum())
+        remainders = exact - quota * total
+        quota[np.lexsort((np.arange(num_clients), -remainders))[:short]] += 1
+        start = 0
+        for k in range(num_clients):
+            shares[k].append(members[start : start + quota[k]])
+            start += int(quota[k])
+    return [np.sort(np.concatenate(parts)) if parts else np.array([], dtype=np.int64) for parts in shares]
+
+
+@lru_cache(maxsize=2)
+def _held_out_shares(spec: DataSpec, num_partitions: int) -> tuple[np.ndarray, ...]:
+    """Every client's share of the held-out split (:func:`label_matched_shares` over all partitions)."""
+    partitioner = _partitioner(spec, num_partitions)
+    _, held_out = load_splits(spec)
+    train_labels = [np.asarray(partitioner.load_partition(k)["label"], dtype=np.int64) for k in range(num_partitions)]
+    held_labels = np.asarray(held_out["label"], dtype=np.int64)
+    num_classes = 1 + max([int(held_labels.max(initial=0))] + [int(t.max(initial=0)) for t in train_labels])
+    counts = np.stack([np.bincount(t, minlength=num_classes) for t in train_labels])
+    return tuple(label_matched_shares(counts, held_labels, spec.seed))
+
+
 def load_partition(spec: DataSpec, partition_id: int, num_partitions: int) -> tuple[Dataset, Dataset]:
-    """Client ``partition_id``'s local ``(train, test)`` data."""
+    """Client ``partition_id``'s local ``(train, test)`` data (``client_test_split`` says where the test comes from)."""
     if not 0 <= partition_id < num_partitions:
         raise DataError(f"partition-id {partition_id} out of range 0..{num_partitions - 1}")
     part = _partitioner(spec, num_partitions).load_partition(partition_id)
+    if spec.client_test_split == "held-out":
+        _, held_out = load_splits(spec)
+        return part, held_out.select(_held_out_shares(spec, num_partitions)[partition_id].tolist())
+    if spec.client_test_split != "partition":
+        raise DataError(
+            f"run config 'client-test-split' must be one of {CLIENT_TEST_SPLITS}, got {spec.client_test_split!r}"
+        )
     if len(part) < 2:
         return part, part.select([])
     split = part.train_test_split(test_size=spec.client_test_fraction, seed=spec.seed)

@@ -80,3 +80,69 @@ def test_train_size_keeps_a_seeded_subset_of_the_training_data_and_the_held_out_
     assert RunConfig.from_flower({"train-size": 60}).data_spec().train_size == 60
     with pytest.raises(ValueError, match=r"train-size|train_size"):
         RunConfig.from_flower({"train-size": -1})
+
+
+# ---------------------------------------------------------------- client-test-split = "held-out"
+def test_label_matched_shares_on_exact_numbers() -> None:
+    from models.data import label_matched_shares
+
+    # class 0: 3 held-out examples, clients train on 2 / 1 of it -> 2 / 1; class 1: 5 held-out,
+    # only client 1 trains on it -> 0 / 5; class 2: nobody trains on it -> dealt to no one
+    counts = [[2, 0, 0], [1, 3, 0]]
+    labels = [0, 1, 0, 1, 1, 2, 0, 1, 1]
+    shares = label_matched_shares(counts, labels, seed=0)
+    assert [sorted(int(labels[i]) for i in s) for s in shares] == [[0, 0], [0, 1, 1, 1, 1, 1]]
+    assert not set(shares[0]) & set(shares[1]) and 5 not in set(shares[0]) | set(shares[1])
+    assert all(list(s) == sorted(s) for s in shares)
+    # largest remainder, ties to the lower client: 4 examples over 3 equal clients -> 2 / 1 / 1
+    assert [len(s) for s in label_matched_shares([[1], [1], [1]], [0, 0, 0, 0], seed=3)] == [2, 1, 1]
+    # 7 * 2 / 5 = 2.8 and 7 * 3 / 5 = 4.2: floors 2 / 4, the one left goes to the larger remainder (client 0)
+    assert [len(s) for s in label_matched_shares([[2], [3]], [0] * 7, seed=3)] == [3, 4]
+    # the deal is a function of the seed
+    a = label_matched_shares([[1], [1]], [0] * 10, seed=5)
+    b = label_matched_shares([[1], [1]], [0] * 10, seed=5)
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+
+
+def test_label_matched_shares_refuse_bad_input() -> None:
+    from models.data import label_matched_shares
+
+    with pytest.raises(DataError, match="non-negative"):
+        label_matched_shares([[1, -1]], [0], seed=0)
+    with pytest.raises(DataError, match=r"0\.\.1"):
+        label_matched_shares([[1, 1]], [0, 2], seed=0)
+
+
+@pytest.mark.parametrize("eval_split", ["test", "validation"])
+def test_held_out_client_tests_partition_the_held_out_split(source: Path, eval_split: str) -> None:
+    spec = DataSpec(dataset=str(source), eval_split=eval_split, validation_fraction=0.2, client_test_split="held-out")
+    train, held = load_splits(spec)
+    local_trains, local_tests = zip(*(load_partition(spec, pid, 4) for pid in range(4)), strict=True)
+    tested = [t for lt in local_tests for t in lt["text"]]
+    assert sorted(tested) == sorted(held["text"])  # every held-out example, each on one client
+    assert sorted(t for lt in local_trains for t in lt["text"]) == sorted(train["text"])  # whole partitions
+    if eval_split == "validation":
+        assert all(int(t.split()[1]) < 10_000 for t in tested)  # the carve: the test split is never read
+    else:
+        assert all(int(t.split()[1]) >= 10_000 for t in tested)  # the test split itself
+
+
+def test_held_out_client_tests_follow_each_clients_labels(tmp_path: Path) -> None:
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"a{i},{i % 3}\n" for i in range(300)))
+    (tmp_path / "test.csv").write_text("text,label\n" + "".join(f"b{i},{i % 3}\n" for i in range(90)))
+    spec = DataSpec(
+        dataset=str(tmp_path), partitioner="dirichlet", dirichlet_alpha=0.3, client_test_split="held-out", seed=1
+    )
+    for pid in range(3):
+        local_train, local_test = load_partition(spec, pid, 3)
+        train_share = [local_train["label"].count(c) / len(local_train) for c in range(3)]
+        test_share = [local_test["label"].count(c) / max(len(local_test), 1) for c in range(3)]
+        assert max(abs(a - b) for a, b in zip(train_share, test_share, strict=True)) < 0.1
+
+
+def test_a_bad_client_test_split_names_the_key(source: Path) -> None:
+    with pytest.raises(DataError, match="client-test-split"):
+        load_partition(DataSpec(dataset=str(source), client_test_split="server"), 0, 2)
+    with pytest.raises(ValueError, match=r"client-test-split|client_test_split"):
+        RunConfig.from_flower({"client-test-split": "server"})
+    assert RunConfig.from_flower({"client-test-split": "held-out"}).data_spec().client_test_split == "held-out"
