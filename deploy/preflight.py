@@ -44,7 +44,7 @@ from experiment.preflight import (
     plan_tiers,
     simulated_tier_nodes,
 )
-from models.data import DataError, check_partitioning
+from models.data import DataError, check_held_out_shares, check_partitioning
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,6 +147,11 @@ def preflight(
     if num_nodes and data_note is None and cfg.partitioner == "dirichlet":  # an IID split always draws
         try:
             check_partitioning(cfg.data_spec(), num_nodes)
+        except DataError as exc:
+            raise PreflightError(str(exc)) from None
+    if num_nodes and data_note is None and cfg.client_test_split == "held-out":
+        try:
+            check_held_out_shares(cfg.data_spec(), num_nodes)
         except DataError as exc:
             raise PreflightError(str(exc)) from None
     return Preflight(cfg, plan, warnings, notes, plan_warnings)

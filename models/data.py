@@ -18,7 +18,9 @@ loaders call it on demand.  ``DataSpec.kind`` says whether the input column is t
 (renamed ``text``) or images (renamed ``image``).
 
 Partitioning uses flwr-datasets partitioners (IID or Dirichlet over the label) on the
-train split; every partition is split again into the client's local train/test data.
+train split; every partition is split again into the client's local train/test data, or, with
+``client_test_split = "held-out"``, the client trains on all of it and tests on its
+label-matched share of the held-out split (:func:`label_matched_shares`).
 """
 
 from __future__ import annotations
@@ -457,7 +459,9 @@ def label_matched_shares(train_label_counts: ArrayLike, held_out_labels: ArrayLi
     some client trains on goes to exactly one client.  A class no client trains on
     (:math:`N_c = 0`) goes to none.  The examples of each class are dealt in client order from a
     permutation drawn by ``numpy.random.default_rng(seed)``, class by class in increasing order.
-    Each client's test data then follows its own label distribution (the personalized models
+    Each client's test data then follows its own label distribution, up to the held-out split's
+    class balance (class ``c`` is weighted by :math:`m_c / N_c`; equal for a stratified
+    held-out split such as Fashion-MNIST's or the validation carve) (the personalized models
     are judged on the kind of data they were personalized to: pFedKnow's and SemiFL's local test
     sets, IID or Dirichlet), and no example is a training example.
 
@@ -478,13 +482,20 @@ def label_matched_shares(train_label_counts: ArrayLike, held_out_labels: ArrayLi
     Raises
     ------
     DataError
-        If the counts are not a non-negative ``(K, C)`` array or a label is outside ``0 .. C-1``.
+        If the counts are not a non-negative integer ``(K, C)`` array, or the labels not a 1-D
+        integer array in ``0 .. C-1``.
 
     """
-    counts = np.asarray(train_label_counts, dtype=np.int64)
-    labels = np.asarray(held_out_labels, dtype=np.int64)
+    counts, labels = np.asarray(train_label_counts), np.asarray(held_out_labels)
+    if counts.size and not np.issubdtype(counts.dtype, np.integer):
+        raise DataError(f"train label counts must be integers, got {counts.dtype}")
+    if labels.size and not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"held-out labels must be integers, got {labels.dtype}")
+    counts, labels = counts.astype(np.int64), labels.astype(np.int64)
     if counts.ndim != 2 or (counts < 0).any():
         raise DataError(f"train label counts must be a non-negative (clients, classes) array, got shape {counts.shape}")
+    if labels.ndim != 1:
+        raise DataError(f"held-out labels must be a 1-D array, got shape {labels.shape}")
     num_clients, num_classes = counts.shape
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise DataError(f"held-out labels must lie in 0..{num_classes - 1}, got {labels.min()}..{labels.max()}")
@@ -512,11 +523,32 @@ def _held_out_shares(spec: DataSpec, num_partitions: int) -> tuple[np.ndarray, .
     """Every client's share of the held-out split (:func:`label_matched_shares` over all partitions)."""
     partitioner = _partitioner(spec, num_partitions)
     _, held_out = load_splits(spec)
-    train_labels = [np.asarray(partitioner.load_partition(k)["label"], dtype=np.int64) for k in range(num_partitions)]
-    held_labels = np.asarray(held_out["label"], dtype=np.int64)
+    # column[:] is a list: numpy reads it at once, where a datasets Column goes element by element
+    train_labels = [
+        np.asarray(partitioner.load_partition(k)["label"][:], dtype=np.int64) for k in range(num_partitions)
+    ]
+    held_labels = np.asarray(held_out["label"][:], dtype=np.int64)
     num_classes = 1 + max([int(held_labels.max(initial=0))] + [int(t.max(initial=0)) for t in train_labels])
     counts = np.stack([np.bincount(t, minlength=num_classes) for t in train_labels])
     return tuple(label_matched_shares(counts, held_labels, spec.seed))
+
+
+def check_held_out_shares(spec: DataSpec, num_partitions: int) -> None:
+    """Raise :class:`DataError` if ``client_test_split = "held-out"`` leaves a client without test data.
+
+    A client's share is about ``held-out size / training size`` of its partition
+    (:func:`label_matched_shares`), so a very small Dirichlet partition can get none, and its
+    every evaluation would fail.  A pre-flight check for launchers; nothing for ``"partition"``.
+    """
+    if spec.client_test_split != "held-out":
+        return
+    empty = [k for k, share in enumerate(_held_out_shares(spec, num_partitions)) if share.size == 0]
+    if empty:
+        raise DataError(
+            f"run config 'client-test-split' = 'held-out': client partition(s) {empty[:5]} of {num_partitions} get no "
+            "held-out test examples (their training partitions are too small); raise dirichlet-alpha, use fewer "
+            "clients, or set client-test-split = 'partition'"
+        )
 
 
 def load_partition(spec: DataSpec, partition_id: int, num_partitions: int) -> tuple[Dataset, Dataset]:

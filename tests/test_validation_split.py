@@ -146,3 +146,27 @@ def test_a_bad_client_test_split_names_the_key(source: Path) -> None:
     with pytest.raises(ValueError, match=r"client-test-split|client_test_split"):
         RunConfig.from_flower({"client-test-split": "server"})
     assert RunConfig.from_flower({"client-test-split": "held-out"}).data_spec().client_test_split == "held-out"
+
+
+def test_label_matched_shares_refuse_non_integer_or_nested_input() -> None:
+    from models.data import label_matched_shares
+
+    with pytest.raises(DataError, match="integers"):
+        label_matched_shares([[1.9, 0.0]], [0], seed=0)
+    with pytest.raises(DataError, match="integers"):
+        label_matched_shares([[1, 1]], [0.7], seed=0)
+    with pytest.raises(DataError, match="1-D"):
+        label_matched_shares([[1, 1]], [[0, 1]], seed=0)
+
+
+def test_a_client_left_without_held_out_test_data_is_refused_before_the_run(tmp_path: Path) -> None:
+    from models.data import check_held_out_shares
+
+    # 400 training snippets over 8 clients, 8 held-out: a share of about 1 example per client
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"a{i},{i % 2}\n" for i in range(400)))
+    (tmp_path / "test.csv").write_text("text,label\n" + "".join(f"b{i},{i % 2}\n" for i in range(4)))
+    spec = DataSpec(dataset=str(tmp_path), client_test_split="held-out")
+    with pytest.raises(DataError, match=r"client-test-split.*no\s+held-out test examples"):
+        check_held_out_shares(spec, 8)
+    check_held_out_shares(spec, 2)  # 2 clients: 2 held-out examples each
+    check_held_out_shares(DataSpec(dataset=str(tmp_path)), 8)  # 'partition': nothing to check
