@@ -273,31 +273,18 @@ class RunConfig(AllGroups):
         "'dirichlet' (label skew set by dirichlet-alpha).",
     )
     dirichlet_alpha: float = Field(
-        0.5,
-        gt=0,
-        description="Concentration of the Dirichlet label partitioner: smaller = more skewed clients. Only with "
-        "partitioner = 'dirichlet'.",
+        0.5, gt=0, description="Concentration of the Dirichlet partitioner (smaller = more skewed clients)."
     )
     client_test_fraction: float = Field(
-        0.2,
-        gt=0.0,
-        lt=1.0,
-        description="Share of each client's partition held out as its local test data (client-test-split = "
-        "'partition').",
+        0.2, gt=0.0, lt=1.0, description="Share of each client's partition held out as its local test data."
     )
     client_test_split: Literal["partition", "held-out"] = Field(
         "partition",
-        description="Where each client's local test data (its fed-accuracy) comes from: 'partition' (a "
-        "client-test-fraction of its own training partition, part of the training split) or 'held-out' (its "
-        "label-matched share of the run's held-out split: the test split, or the validation carve with "
-        "eval-split = 'validation'; the client trains on its whole partition). Reported personalized "
-        "accuracies need 'held-out'.",
+        description="Each client's local test data: 'partition' (a client-test-fraction of its training partition) "
+        "or 'held-out' (its label-matched share of the held-out split; it trains on its whole partition).",
     )
     server_test_size: int = Field(
-        0,
-        ge=0,
-        description="Examples of the held-out split the server evaluates on (0 = all of it: 1,912 Rotten "
-        "Tomatoes snippets).",
+        0, ge=0, description="Held-out examples the server tests on (0 = all: 1,912 Rotten Tomatoes snippets)."
     )
     eval_split: Literal["test", "validation"] = Field(
         "test",

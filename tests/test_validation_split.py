@@ -84,7 +84,7 @@ def test_train_size_keeps_a_seeded_subset_of_the_training_data_and_the_held_out_
 
 # ---------------------------------------------------------------- client-test-split = "held-out"
 def test_label_matched_shares_on_exact_numbers() -> None:
-    from models.data import label_matched_shares
+    from models.label_shares import label_matched_shares
 
     # class 0: 3 held-out examples, clients train on 2 / 1 of it -> 2 / 1; class 1: 5 held-out,
     # only client 1 trains on it -> 0 / 5; class 2: nobody trains on it -> dealt to no one
@@ -105,11 +105,11 @@ def test_label_matched_shares_on_exact_numbers() -> None:
 
 
 def test_label_matched_shares_refuse_bad_input() -> None:
-    from models.data import label_matched_shares
+    from models.label_shares import LabelShareError, label_matched_shares
 
-    with pytest.raises(DataError, match="non-negative"):
+    with pytest.raises(LabelShareError, match="non-negative"):
         label_matched_shares([[1, -1]], [0], seed=0)
-    with pytest.raises(DataError, match=r"0\.\.1"):
+    with pytest.raises(LabelShareError, match=r"0\.\.1"):
         label_matched_shares([[1, 1]], [0, 2], seed=0)
 
 
@@ -149,13 +149,13 @@ def test_a_bad_client_test_split_names_the_key(source: Path) -> None:
 
 
 def test_label_matched_shares_refuse_non_integer_or_nested_input() -> None:
-    from models.data import label_matched_shares
+    from models.label_shares import LabelShareError, label_matched_shares
 
-    with pytest.raises(DataError, match="integers"):
+    with pytest.raises(LabelShareError, match="integers"):
         label_matched_shares([[1.9, 0.0]], [0], seed=0)
-    with pytest.raises(DataError, match="integers"):
+    with pytest.raises(LabelShareError, match="integers"):
         label_matched_shares([[1, 1]], [0.7], seed=0)
-    with pytest.raises(DataError, match="1-D"):
+    with pytest.raises(LabelShareError, match="1-D"):
         label_matched_shares([[1, 1]], [[0, 1]], seed=0)
 
 
