@@ -179,3 +179,12 @@ def test_the_serverapp_runs_the_same_checks_for_flwr_run_users(tmp_path: Path) -
     assert any("'local-epochs' has no effect" in w for w in warnings)
     assert any("'beta' has no effect with method = 'heterofl'" in w for w in warnings)
     assert start_checks(RunConfig.model_validate({}), tmp_path) == ([], [])
+
+
+def test_preflight_refuses_a_held_out_split_too_small_to_give_every_client_test_data(tmp_path: Path) -> None:
+    """``client-test-split = 'held-out'`` with a client whose share is empty stops before round 1, naming the key."""
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"review {i},{i % 2}\n" for i in range(600)))
+    (tmp_path / "test.csv").write_text("text,label\n" + "".join(f"held {i},{i % 2}\n" for i in range(6)))
+    with pytest.raises(PreflightError, match=r"client-test-split.*no held-out test examples"):
+        preflight(f"dataset='{tmp_path}' client-test-split='held-out'", num_nodes=12)
+    assert preflight(f"dataset='{tmp_path}' client-test-split='held-out'", num_nodes=3).plan_warnings == []
