@@ -144,14 +144,11 @@ def preflight(
     plan = plan_tiers(cfg, nodes_per_tier)
     plan_warnings = check_plan(cfg, plan)
     warnings = ignored + plan_warnings
-    if num_nodes and data_note is None and cfg.partitioner == "dirichlet":  # an IID split always draws
+    if num_nodes and data_note is None:
         try:
-            check_partitioning(cfg.data_spec(), num_nodes)
-        except DataError as exc:
-            raise PreflightError(str(exc)) from None
-    if num_nodes and data_note is None and cfg.client_test_split == "held-out":
-        try:
-            check_held_out_shares(cfg.data_spec(), num_nodes)
+            if cfg.partitioner == "dirichlet":  # an IID split always draws
+                check_partitioning(cfg.data_spec(), num_nodes)
+            check_held_out_shares(cfg.data_spec(), num_nodes)  # nothing to check for 'partition'
         except DataError as exc:
             raise PreflightError(str(exc)) from None
     return Preflight(cfg, plan, warnings, notes, plan_warnings)
