@@ -17,12 +17,17 @@ import cost is paid once per SuperExec instead of once per message.
 * The zygote (``python -m client.warm --zygote``, a clean single-threaded process) starts
   with a SuperNode's SuperExec (on a SuperLink's, only at a first ClientApp task).  A ClientApp
   task that arrives while it preloads waits in its queue (:func:`launch_route`) for up to
-  :data:`PRELOAD_PATIENCE_S`, below the 30 s in which a claimed task must heartbeat; only a
-  zygote that preloads longer, or that died twice before it was ready, gets tasks launched
-  cold.  A cold launch beside the preloading zygote would import the same libraries a second
-  time: no sooner on a busy CPU, and twice the memory, which under a node's memory limit
-  (a cgroup, ``mem_limit``) is an OOM kill.  Other task types (ServerApp) are launched by
-  Flower's ``SubprocessExecutor`` unchanged.
+  :data:`PRELOAD_PATIENCE_S`; only a zygote that preloads longer (a hung one), or that died
+  twice before it was ready, gets tasks launched cold.  A cold launch beside the preloading
+  zygote imports the same libraries a second time: no sooner on a busy CPU, and twice the
+  memory, which under a node's memory limit (a cgroup, ``mem_limit``) is an OOM kill.  A task
+  that waits past Flower's 30-s claim window (``HEARTBEAT_DEFAULT_INTERVAL``) is handed back
+  to pending by Flower and offered again under a new token; it then queues again, and the
+  zygote's child for the expired token fails at its first call (Flower refuses the token)
+  while the new one runs.  Measured on 10 SuperNodes sharing 2 cores: the zygotes needed 181 s
+  to preload, and with a 20-s patience every first task was launched cold six times over (once
+  per re-offer, each launch importing everything while the earlier ones still did).  Other
+  task types (ServerApp) are launched by Flower's ``SubprocessExecutor`` unchanged.
 * It imports :data:`PRELOAD` (``HETFL_WARM_PRELOAD``, comma-separated, default
   ``client.app``) and then forgets the project's own modules
   (:data:`PROJECT_PACKAGES`), so every child imports the project from the FAB it received,
@@ -82,9 +87,10 @@ PULL_BACKOFF_ENV = "HETFL_PULL_BACKOFF_S"
 #: A ClientApp's retry delay for message objects its SuperNode has not received yet: first
 #: retry after ``[0]`` s, doubling up to ``[1]`` s (Flower's defaults: 1 s and 10 s).
 PULL_BACKOFF_S = (0.02, 0.5)
-#: How long (s) a ClientApp task may wait for a preloading zygote: under Flower's 30-s window
-#: (``HEARTBEAT_DEFAULT_INTERVAL``) in which a claimed task must start heartbeating.
-PRELOAD_PATIENCE_S = 20.0
+#: How long (s) ClientApp tasks wait for a preloading zygote before they are launched cold: a
+#: zygote preloading longer is taken for hung.  Far above Flower's 30-s claim window: a task
+#: not claimed in it is offered again and queues again (module docstring).
+PRELOAD_PATIENCE_S = 600.0
 #: Zygotes that may exit before they are ready; after that every ClientApp task is launched cold.
 ZYGOTE_START_LIMIT = 2
 #: Pauses (s) before Flower's task loop is run again after a failure: first, doubling up to the cap.

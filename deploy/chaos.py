@@ -28,6 +28,7 @@ import contextlib
 import json
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -279,6 +280,8 @@ class ChaosCluster:
         self._run_log_at = 0  # where the latest submission's CLI output begins in the "run" log
         #: The latest run submitted whose last round was not yet seen (:meth:`health`).
         self.unfinished: str | None = None
+        #: Median seconds of rounds 2.. of each run finished on this cluster (:meth:`round_pace`).
+        self.paces: list[float] = []
 
     @property
     def server(self) -> list[str]:
@@ -374,7 +377,15 @@ class ChaosCluster:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.processes.procs["run"].wait(timeout=120)
         self.unfinished = None
-        return RunResult(name, read_rows(folder), time.monotonic() - started)
+        result = RunResult(name, read_rows(folder), time.monotonic() - started)
+        later = result.round_seconds(2)  # round 1 also pays a run's first imports
+        if later:
+            self.paces.append(statistics.median(later))
+        return result
+
+    def round_pace(self, default: float) -> float:
+        """Seconds per round on this cluster: the latest finished run's median (rounds 2..), else ``default``."""
+        return self.paces[-1] if self.paces else default
 
     def stall(self) -> str:
         """What a timeout reports: the rounds written so far, the ServerApp's last lines, every log's errors."""

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.flower import BIN, ROOT, RunOutcome, flower_env, flower_home, run_config_arg
+from deploy.flower import ROOT, RunOutcome, flower_env, flower_home, flwr_cli, run_config_arg
 from deploy.ray_cluster import port_open
 from experiment.outputs import ROUNDS_FILE
 
@@ -241,7 +241,7 @@ class Cluster:
     def flwr(self, *args: str, prefix: Sequence[str] = (), timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run the ``flwr`` CLI with this cluster's ``FLWR_HOME``."""
         return subprocess.run(
-            [*prefix, str(BIN / "flwr"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+            [*prefix, *flwr_cli(), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
             timeout=timeout, check=False,
         )  # fmt: skip
 
@@ -292,7 +292,7 @@ def submit_run(
     """``flwr run APP CONNECTION --stream`` in the background (APP: this project); its log is ``cluster.log("run")``."""
     return cluster.start(
         "run",
-        [str(BIN / "flwr"), "run", str(app), connection, "--stream",
+        [*flwr_cli(), "run", str(app), connection, "--stream",
          "--run-config", run_config_arg(run_config, results_dir, run_name)],
         prefix=prefix,
     )  # fmt: skip
@@ -402,7 +402,7 @@ def run_loopback(
         write_connection(home, "loopback", ports, root_certificates=security.ca_cert if security else None)
         with loopback_cluster(tiers=tiers, home=home, ports=ports, log_dir=log_dir, security=security):
             cmd = [
-                str(BIN / "flwr"), "run", str(ROOT), "loopback", "--stream",
+                *flwr_cli(), "run", str(ROOT), "loopback", "--stream",
                 "--run-config", run_config_arg(cfg, results_dir, run_name),
             ]  # fmt: skip
             proc = subprocess.run(

@@ -29,6 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
+def flwr_cli(bin_dir: Path | None = None) -> list[str]:
+    """The command that runs Flower's CLI, ``flwr``: :mod:`deploy.flwr_cli` (its FAB walk skips ``.venv/``)."""
+    return [str((bin_dir or BIN) / "python"), "-m", "deploy.flwr_cli"]
+
+
 def flower_env(flwr_home: Path) -> dict[str, str]:
     """Environment for every Flower process: own FLWR_HOME, no telemetry, no installs."""
     env = dict(os.environ)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from deploy.cluster import Security, host_commands, run_loopback, supernode_names
 from deploy.console import RoundTail, run_warnings, verdict_lines
-from deploy.flower import BIN, ROOT, RunOutcome, flower_env, flower_home, run_config_arg
+from deploy.flower import BIN, ROOT, RunOutcome, flower_env, flower_home, flwr_cli, run_config_arg
 from deploy.locks import SIMULATION_LOCK, file_lock
 from deploy.overrides import config_file_overrides, merge_overrides
 from deploy.processes import stop_processes, superlink_pids
@@ -109,7 +109,7 @@ def run_simulation(
             env["RAY_ADDRESS"] = ray_address
         before = superlink_pids(home)
         cmd = [
-            str(BIN / "flwr"), "run", str(ROOT), "--stream",
+            *flwr_cli(BIN), "run", str(ROOT), "--stream",
             "--federation-config", f"num-supernodes={supernodes} {resources}",
             "--run-config", run_config_arg(run_config, results_dir, run_name),
         ]  # fmt: skip

@@ -65,7 +65,7 @@ def test_gpu_share_fails_fast_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> 
 def test_simulation_asks_ray_for_the_gpu_share(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: float, resources: str
 ) -> None:
-    fake = tmp_path / "bin" / "flwr"  # a stand-in `flwr` that prints its federation config
+    fake = tmp_path / "bin" / "python"  # a stand-in for `python -m deploy.flwr_cli` that prints its federation config
     fake.parent.mkdir()
     fake.write_text(f"#!{sys.executable}\nimport sys\nprint(sys.argv[sys.argv.index('--federation-config') + 1])\n")
     fake.chmod(0o755)

@@ -122,7 +122,7 @@ def test_waiting_message_names_the_holder(tmp_path: Path, capsys: pytest.Capture
 def test_run_simulation_holds_the_lock_for_the_whole_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a stand-in `flwr` that reports, from its own process, whether the lock is held
     lock = tmp_path / "sim.lock"
-    fake = tmp_path / "bin" / "flwr"
+    fake = tmp_path / "bin" / "python"  # run as `python -m deploy.flwr_cli`
     fake.parent.mkdir()
     fake.write_text(f"#!{sys.executable}\n{PROBE}".replace("sys.argv[1]", repr(str(lock))))
     fake.chmod(0o755)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.flower import BIN, ROOT, flower_env, run_config_arg
+from deploy.flower import ROOT, flower_env, flwr_cli, run_config_arg
 from deploy.launch import run_simulation
 from deploy.locks import SIMULATION_LOCK, file_lock
 from deploy.processes import stop_processes, superlink_pids
@@ -70,7 +70,7 @@ def _run_and_kill_server(tmp_path: Path, name: str, run_config: str, after_round
     env = flower_env(home)
     before = superlink_pids(home)
     cmd = [
-        str(BIN / "flwr"), "run", str(ROOT), "--stream",
+        *flwr_cli(), "run", str(ROOT), "--stream",
         "--federation-config", f"num-supernodes={SUPERNODES} client-resources-num-cpus=1",
         "--run-config", run_config_arg(f"{TINY} {run_config}", tmp_path, name),
     ]  # fmt: skip
