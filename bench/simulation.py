@@ -56,7 +56,7 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("clientapp", ("ClientAppActor",)),
     ("superlink", ("flower-superlink",)),
     ("serverapp", ("flwr-simulation",)),
-    ("flwr-cli", ("bin/flwr run",)),
+    ("flwr-cli", ("deploy.flwr_cli run", "bin/flwr run")),
     ("ray", ("ray::", "/ray/", "raylet", "gcs_server")),
 )
 _TICK = os.sysconf("SC_CLK_TCK")

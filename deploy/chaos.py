@@ -48,6 +48,7 @@ from deploy.cluster import (
     wait_port,
     write_connection,
 )
+from deploy.deadline import CaseCost, case_estimate_s
 from deploy.flower import ROOT
 from deploy.netns import HostNetwork
 from deploy.processes import children, cmdline
@@ -297,6 +298,7 @@ class ChaosCluster:
         if shutil.which("nft") is None:
             raise ChaosError("the 'nft' tool (nftables) is not installed: `apt-get install nftables`")
         self.root.mkdir(parents=True, exist_ok=True)
+        self.paces.clear()  # a new cluster's first run pays every node's preload again
         Delay().write(self.settings)
         write_connection(self.home, "chaos", self.ports)  # the CLI runs in the SuperLink's namespace
         self.net.create()
@@ -384,8 +386,26 @@ class ChaosCluster:
         return result
 
     def round_pace(self, default: float) -> float:
-        """Seconds per round on this cluster: the latest finished run's median (rounds 2..), else ``default``."""
-        return self.paces[-1] if self.paces else default
+        """Seconds per round on this cluster: the slowest finished run's median (rounds 2..), else ``default``.
+
+        The slowest, so that a case is never priced at the pace of a lighter run (one without
+        client-side evaluation); :meth:`start` clears them (a rebuilt cluster preloads again).
+        """
+        return max(self.paces) if self.paces else default
+
+    def case_estimate(
+        self, cost: CaseCost, *, default_round_s: float, first_run_s: float, reference: tuple[str, int] | None = None
+    ) -> tuple[float, float]:
+        """A case's estimated seconds on this cluster, and the pace (s per round) it assumed.
+
+        :func:`deploy.deadline.case_estimate_s` at :meth:`round_pace`, plus ``first_run_s`` while
+        no run has finished here (the nodes' preload), plus the rounds of ``reference``
+        (``(name, rounds)``: a run the case shares with another case) if that has not run yet.
+        """
+        rounds = cost.rounds + (reference[1] if reference is not None and reference[0] not in self.finished else 0)
+        pace = self.round_pace(default_round_s)
+        estimate = case_estimate_s(CaseCost(rounds=rounds, extra_s=cost.extra_s), pace)
+        return estimate + (0.0 if self.paces else first_run_s), pace
 
     def stall(self) -> str:
         """What a timeout reports: the rounds written so far, the ServerApp's last lines, every log's errors."""

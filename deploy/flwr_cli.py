@@ -24,11 +24,17 @@ from typing import Any
 
 
 def prune_spec(root: Path) -> Any | None:
-    """The pathspec of ``root/.gitignore`` used to prune directories; ``None`` (no pruning) if it negates."""
+    """The pathspec of ``root/.gitignore`` used to prune directories; ``None`` (no pruning) if it negates.
+
+    Also ``None`` when the file is missing or a symlink (Flower's walk skips symlinks, so it then
+    applies no ``.gitignore`` rule).
+    """
     from flwr.cli.utils import build_pathspec, load_gitignore_patterns
 
     gitignore = root / ".gitignore"
-    patterns = load_gitignore_patterns(gitignore.read_bytes()) if gitignore.is_file() else []
+    if gitignore.is_symlink() or not gitignore.is_file():  # Flower skips a symlinked one: no rules at all
+        return None
+    patterns = load_gitignore_patterns(gitignore.read_bytes())
     if not patterns or any(p.lstrip().startswith("!") for p in patterns):
         return None
     return build_pathspec(patterns)

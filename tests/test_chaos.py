@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from deploy.chaos import ChaosCluster, Delay
-from deploy.deadline import CaseCost, case_estimate_s, read_deadline, skip_reason
+from deploy.deadline import CaseCost, read_deadline, skip_reason
 from deploy.netns import namespaces_available
 from deploy.processes import memory_mb, pids_with
 from strategies.pull_bound import STOPPED
@@ -63,8 +63,11 @@ def healthy(chaos: ChaosCluster, request: pytest.FixtureRequest) -> None:
         warnings.warn(f"the chaos cluster was rebuilt before {request.node.name}: {problems}", stacklevel=1)
     marker = request.node.get_closest_marker("chaos_cost")
     cost = marker.args[0] if marker is not None else CaseCost(rounds=ROUNDS)
-    pace = chaos.round_pace(DEFAULT_ROUND_S)
-    estimate = case_estimate_s(cost, pace) + (0.0 if chaos.paces else FIRST_RUN_S)
+    shared = marker.kwargs.get("reference") if marker is not None else None
+    estimate, pace = chaos.case_estimate(
+        cost, default_round_s=DEFAULT_ROUND_S, first_run_s=FIRST_RUN_S,
+        reference=None if shared is None else (shared, ROUNDS),
+    )  # fmt: skip
     reason = skip_reason(now=time.time(), deadline=read_deadline(), estimate_s=estimate, round_s=pace)
     if reason is not None:
         pytest.skip(reason)
@@ -164,7 +167,7 @@ def test_a_flapping_node_holds_no_round_past_the_timeout_and_rejoins(chaos: Chao
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.chaos_cost(CaseCost(rounds=ROUNDS, extra_s=120.0))  # its reference: the lossy case's clean run
+@pytest.mark.chaos_cost(CaseCost(rounds=ROUNDS, extra_s=120.0), reference="clean")  # the lossy case's clean run
 def test_a_restarted_superlink_loses_no_round_and_the_resumed_run_matches_an_uninterrupted_one(
     chaos: ChaosCluster,
 ) -> None:

@@ -38,6 +38,11 @@ def test_excluded_directories_are_not_entered_and_a_negated_pattern_turns_prunin
     bare = tmp_path / "bare"
     _tree(bare, "")
     assert prune_spec(bare) is None and collect_files(bare) == flower_utils.collect_files(bare)
+    linked = tmp_path / "linked"  # Flower skips a symlinked .gitignore, so it prunes nothing either
+    _tree(linked, "")
+    (linked / ".gitignore").unlink()
+    (linked / ".gitignore").symlink_to(tmp_path / ".gitignore")
+    assert prune_spec(linked) is None and collect_files(linked) == flower_utils.collect_files(linked)
 
 
 def test_the_command_is_flowers_cli() -> None:
