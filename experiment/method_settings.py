@@ -274,6 +274,14 @@ class PFedKnowGroup(SettingsGroup):
         description="Labeled training examples the server keeps (D_s), carved out of the training split before "
         "the clients' partitions.",
     )
+    pfedknow_teacher_public_size: int = Field(
+        0,
+        ge=0,
+        description="Further labeled training examples only the teacher is trained on, besides D_s: a stand-in "
+        "for the paper's teacher pretrained on public data where no pretrained model is installable. Carved out "
+        "of the training split after D_s, for every pFedKnow method (the ablations' clients hold the same data). "
+        "0 = the teacher learns D_s only.",
+    )
     pfedknow_teacher_scale: float = Field(
         2.0,
         ge=1.0,

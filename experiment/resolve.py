@@ -115,12 +115,20 @@ class Experiment:
             return 0
         return self.cfg.settings_of(PFedKnowGroup).pfedknow_labeled_size
 
+    @property
+    def _server_public_size(self) -> int:
+        """Training examples only pFedKnow's teacher learns from (``pfedknow-teacher-public-size``), else none."""
+        if self.entry.client != "unlabeled-pruning":
+            return 0
+        return self.cfg.settings_of(PFedKnowGroup).pfedknow_teacher_public_size
+
     @cached_property
     def data(self) -> DataSpec:
         """The data settings: which set, its columns, the partitioning and the server's held-out split.
 
         pFedKnow's runs carve the server's labeled set out of the training split before the
-        clients' partitions (``pfedknow-labeled-size``); every other run carves none.
+        clients' partitions (``pfedknow-labeled-size``, then ``pfedknow-teacher-public-size``); every
+        other run carves none.
         """
         cfg = self.cfg
         return DataSpec(
@@ -137,6 +145,7 @@ class Experiment:
             eval_split=cfg.eval_split,
             validation_fraction=cfg.validation_fraction,
             server_labeled_size=self._server_labeled_size,
+            server_public_size=self._server_public_size,
             train_size=cfg.train_size,
             seed=cfg.seed,
         )

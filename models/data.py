@@ -104,6 +104,10 @@ class DataSpec:
         Labeled *training* examples the server keeps for itself (pFedKnow's ``D_s``), carved
         out of the training split (seeded by ``seed``) before the clients' partitions, so no
         client holds them and they are never test examples (0 = none).
+    server_public_size : int
+        Further labeled *training* examples only pFedKnow's teacher learns from (a stand-in for
+        the paper's pretraining on public data), carved after ``server_labeled_size`` the same
+        way: no client and no other server step sees them (0 = none).
     train_size : int
         Training examples the clients share (0 = all of them): a seeded subset (``seed``) of what
         is left of the training split after the validation and server carves -- a data-scarce
@@ -125,6 +129,7 @@ class DataSpec:
     eval_split: str = "test"
     validation_fraction: float = 0.1
     server_labeled_size: int = 0
+    server_public_size: int = 0
     train_size: int = 0
     seed: int = 42
 
@@ -279,10 +284,10 @@ def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
     ``validation_fraction`` carved out of it, and that carve -- the test split is never read,
     so nothing chosen on a validation run has looked at the examples a reported run tests on.
     With ``server_labeled_size`` > 0 the server's labeled set (:func:`server_labeled_set`) is
-    carved out of ``train`` as well, and ``train_size`` > 0 keeps a seeded subset of what is
-    left.  Every consumer of training data (client partitions,
-    server statistics, in-domain distillation data) takes it from the first element, so none
-    ever sees the held-out one.
+    carved out of ``train`` as well (then the teacher's public set,
+    :func:`server_public_set`), and ``train_size`` > 0 keeps a seeded subset of what is left.
+    Every consumer of training data (client partitions, server statistics, in-domain
+    distillation data) takes it from the first element, so none ever sees the held-out one.
 
     Raises
     ------
@@ -291,7 +296,7 @@ def load_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:
         training split too small to carve.
 
     """
-    train, _, held_out = _run_splits(spec)
+    train, _, _, held_out = _run_splits(spec)
     return train, held_out
 
 
@@ -312,9 +317,35 @@ def server_labeled_set(spec: DataSpec) -> Dataset:
     return _run_splits(spec)[1]
 
 
+def server_public_set(spec: DataSpec) -> Dataset:
+    """The ``server_public_size`` labeled training examples only the teacher learns from (may be empty).
+
+    Carved from the training split after :func:`server_labeled_set` (seed ``spec.seed + 1``),
+    so they are disjoint from ``D_s``, from every client partition and from the held-out split.
+    """
+    return _run_splits(spec)[2]
+
+
+def _carve(train: Dataset, size: int, seed: int, key: str) -> tuple[Dataset, Dataset]:
+    """``(rest, carved)``: ``size`` seeded examples of ``train`` (none for 0); ``key`` names the setting."""
+    if size <= 0:
+        return train, train.select([])
+    if size >= len(train):
+        raise DataError(
+            f"run config '{key}' = {size}: the training split has only {len(train)} examples; keep it "
+            "well below that so the clients have data"
+        )
+    parts = train.train_test_split(test_size=size, seed=seed)
+    return parts["train"], parts["test"]
+
+
 @lru_cache(maxsize=4)
-def _run_splits(spec: DataSpec) -> tuple[Dataset, Dataset, Dataset]:
-    """``(client training data, server labeled set, held-out split)`` -- see :func:`load_splits`."""
+def _run_splits(spec: DataSpec) -> tuple[Dataset, Dataset, Dataset, Dataset]:
+    """``(client training data, server labeled set, teacher's public set, held-out split)``.
+
+    See :func:`load_splits`; the two server carves are :func:`server_labeled_set` and
+    :func:`server_public_set`.
+    """
     if spec.eval_split not in EVAL_SPLITS:
         raise DataError(f"run config 'eval-split' must be one of {EVAL_SPLITS}, got {spec.eval_split!r}")
     train, held_out = _source_splits(spec)
@@ -325,15 +356,8 @@ def _run_splits(spec: DataSpec) -> tuple[Dataset, Dataset, Dataset]:
             raise DataError(f"dataset {spec.dataset!r}: a training split of {len(train)} examples cannot be carved")
         parts = train.train_test_split(test_size=spec.validation_fraction, seed=VALIDATION_CARVE_SEED)
         train, held_out = parts["train"], parts["test"]
-    labeled = train.select([])
-    if spec.server_labeled_size > 0:
-        if spec.server_labeled_size >= len(train):
-            raise DataError(
-                f"run config 'pfedknow-labeled-size' = {spec.server_labeled_size}: the training split has "
-                f"only {len(train)} examples; keep it well below that so the clients have data"
-            )
-        parts = train.train_test_split(test_size=spec.server_labeled_size, seed=spec.seed)
-        train, labeled = parts["train"], parts["test"]
+    train, labeled = _carve(train, spec.server_labeled_size, spec.seed, "pfedknow-labeled-size")
+    train, public = _carve(train, spec.server_public_size, spec.seed + 1, "pfedknow-teacher-public-size")
     if spec.train_size > 0:
         if spec.train_size > len(train):
             raise DataError(
@@ -341,7 +365,7 @@ def _run_splits(spec: DataSpec) -> tuple[Dataset, Dataset, Dataset]:
                 "examples after the validation and server carves; set it at most that, or 0 for all of them"
             )
         train = seeded_sample(train, spec.train_size, spec.seed)
-    return train, labeled, held_out
+    return train, labeled, public, held_out
 
 
 def _source_splits(spec: DataSpec) -> tuple[Dataset, Dataset]:

@@ -5,13 +5,14 @@ model ``w_p``; clients (IoT devices) hold unlabeled data only.  Every client ``k
 personalized lightweight model ``w_s^k``, kept here per client (keyed by the node's stable
 key) and sent back on its next turn.
 
-Initialization (Section 3.1): the teacher ``w_p`` is trained on ``D_s`` with cross entropy at
-the start of the run (once per run, kept in the checkpoint, so a resumed run does not retrain
-it) -- for images a CNN ``pfedknow-teacher-scale`` times wider than the lightweight one, from a
-random initialization (no hub is reachable to ship a pretrained VGG-19); for text the full-depth
-transformer (MiniLM-L6: all 6 layers) from the pretrained weights the repo ships, so its
-training is a fine-tuning of the pretrained model, the paper's large BERT.  Then the lightweight
-``w_s'`` (images: the ``conv`` CNN; text: the bottom ``tier-layers`` pretrained layers, a
+Initialization (Section 3.1): the teacher ``w_p`` is trained on ``D_s`` (and the
+``pfedknow-teacher-public-size`` training examples only it sees, a stand-in for public
+pretraining data) with cross entropy at the start of the run (once per run, kept in the
+checkpoint, so a resumed run does not retrain it) -- for images a CNN ``pfedknow-teacher-scale``
+times wider than the lightweight one, from a random initialization (no hub is reachable to ship a
+pretrained VGG-19); for text the full-depth transformer (MiniLM-L6: all 6 layers) from the
+pretrained weights the repo ships, so training fine-tunes a pretrained model (paper: a large BERT).  Then the
+lightweight ``w_s'`` (images: the ``conv`` CNN; text: the bottom ``tier-layers`` pretrained layers, a
 shallower student) is trained on ``D_s`` with ``CE(f(x; w_s'), y) + KL(p_p || p_s')``
 (:func:`train_on_labeled`).  Both use Adam at ``pfedknow-init-lr``.
 
@@ -265,6 +266,8 @@ class PFedKnow(HeterogeneousStrategy[list[Upload]]):
     labeled : tuple[Batch, Tensor]
         The server's labeled set ``D_s``: inputs (an image tensor ``(N, ...)`` or text keyword
         inputs, each ``(N, L)``) and labels ``(N,)``.
+    teacher_labeled : tuple[Batch, Tensor] or None
+        What the teacher is trained on, as ``labeled``: ``D_s`` (``None``) or ``D_s`` with the public set.
     settings : PFedKnowSettings
         Pruning schedule, uncertainty threshold, distillation and initialization settings.
     seed : int
@@ -284,6 +287,7 @@ class PFedKnow(HeterogeneousStrategy[list[Upload]]):
         build_model: Callable[[], nn.Module],
         build_teacher: Callable[[], nn.Module],
         labeled: tuple[Batch, Tensor],
+        teacher_labeled: tuple[Batch, Tensor] | None = None,
         settings: PFedKnowSettings | None = None,
         **options: Unpack[StrategyOptions],
     ) -> None:
@@ -306,6 +310,7 @@ class PFedKnow(HeterogeneousStrategy[list[Upload]]):
         self.build_model = build_model
         self.build_teacher = build_teacher
         self.labeled_x, self.labeled_y = x, y
+        self.teacher_x, self.teacher_y = teacher_labeled if teacher_labeled is not None else labeled
         self.target_ratio = st.target_ratio if mode.prune else 0.0
         self.ramp_rounds = st.ramp_rounds
         self.delta = st.delta
@@ -349,8 +354,8 @@ class PFedKnow(HeterogeneousStrategy[list[Upload]]):
             teacher = self.build_teacher()
             losses = train_on_labeled(
                 teacher,
-                self.labeled_x,
-                self.labeled_y,
+                self.teacher_x,
+                self.teacher_y,
                 steps=self.teacher_steps,
                 lr=self.init_lr,
                 batch_size=self.distill_batch_size,
@@ -650,15 +655,9 @@ class PFedKnow(HeterogeneousStrategy[list[Upload]]):
 
     def summary(self) -> None:
         """Log the mode, then the base summary."""
-        log(
-            INFO,
-            "\t├──> pFedKnow %s, target ratio %.2f over %d rounds, delta %.3g, |D_s| = %d",
-            self.mode,
-            self.target_ratio,
-            self.ramp_rounds,
-            self.delta,
-            self.labeled_y.shape[0],
-        )
+        log(INFO, "\t├──> pFedKnow %s, target ratio %.2f over %d rounds, delta %.3g, |D_s| = %d, teacher's set %d",
+            self.mode, self.target_ratio, self.ramp_rounds, self.delta, self.labeled_y.shape[0],
+            self.teacher_y.shape[0])  # fmt: skip
         super().summary()
 
 
@@ -695,6 +694,7 @@ def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> PFe
         build_model=partial(family.build, cfg.catalog.largest),
         build_teacher=build_teacher,
         labeled=labeled_set(cfg),
+        teacher_labeled=labeled_set(cfg, public=True),
         settings=settings_from(cfg),
         **options,
     )

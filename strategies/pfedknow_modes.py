@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+from datasets import concatenate_datasets
 from torch import Tensor
 
 from experiment.method_settings import PFedKnowGroup, ServerTrainingGroup
 from models.batches import Batch
-from models.data import server_labeled_set, text_inputs
+from models.data import server_labeled_set, server_public_set, text_inputs
 from models.images import image_tensors
 from models.pruning import PRUNING, UNCERTAINTY
 from models.transformer import load_tokenizer, resolve_source
@@ -144,15 +145,19 @@ def settings_from(cfg: RunConfig) -> PFedKnowSettings:
     )
 
 
-def labeled_set(cfg: RunConfig) -> tuple[Batch, Tensor]:
-    """The server's labeled set ``D_s``: ``pfedknow-labeled-size`` training examples.
+def labeled_set(cfg: RunConfig, *, public: bool = False) -> tuple[Batch, Tensor]:
+    """The server's labeled set ``D_s`` (``pfedknow-labeled-size`` examples); with ``public``, the teacher's.
 
     Carved out of the training split before the clients' partitions
     (:func:`models.data.server_labeled_set`): no client holds them and they are never test or
-    validation examples.  Images: a normalized tensor; text: keyword inputs tokenized like the
-    clients' (truncated at ``max-seq-len``).
+    validation examples.  ``public``: ``D_s`` followed by the ``pfedknow-teacher-public-size``
+    examples only the teacher learns from (:func:`models.data.server_public_set`).  Images: a
+    normalized tensor; text: keyword inputs tokenized like the clients' (truncated at ``max-seq-len``).
     """
-    labeled = server_labeled_set(cfg.data_spec())
+    spec = cfg.data_spec()
+    labeled = server_labeled_set(spec)
+    if public:
+        labeled = concatenate_datasets([labeled, server_public_set(spec)])
     if cfg.image_data:
         return image_tensors(labeled)
     tokenizer = load_tokenizer(resolve_source(cfg.model))

@@ -11,7 +11,15 @@ import torch
 
 from experiment.config import ConfigError, RunConfig
 from experiment.registry import names
-from models.data import DataError, DataSpec, load_partition, load_splits, server_labeled_set, server_test_set
+from models.data import (
+    DataError,
+    DataSpec,
+    load_partition,
+    load_splits,
+    server_labeled_set,
+    server_public_set,
+    server_test_set,
+)
 from server.app import build_strategy
 from strategies.pfedknow import PFedKnow
 from strategies.pfedknow_modes import MODES
@@ -90,6 +98,32 @@ def test_labeled_set_comes_from_training_data_no_client_holds() -> None:
         assert not labeled & (set(train["text"]) | set(test["text"]))
     with pytest.raises(DataError, match="size 0"):
         server_labeled_set(DataSpec())
+
+
+def test_teacher_public_set_is_training_data_only_the_teacher_sees() -> None:
+    """``pfedknow-teacher-public-size``: carved after D_s, disjoint from it, the clients and the held-out split."""
+    cfg = RunConfig.from_flower({**BASE, "pfedknow-teacher-public-size": 30})
+    spec = cfg.data_spec()
+    assert spec.server_public_size == 30 and RunConfig.from_flower(BASE).data_spec().server_public_size == 0
+    assert RunConfig.from_flower(
+        {**BASE, "method": "pfedknow-as1", "pfedknow-teacher-public-size": 30}
+    ).data_spec() == dataclasses.replace(spec, server_public_size=30)  # the ablations' clients hold the same data
+    text = dataclasses.replace(DataSpec(), server_labeled_size=50, server_public_size=30, seed=3)
+    labeled, public = set(server_labeled_set(text)["text"]), set(server_public_set(text)["text"])
+    assert len(server_public_set(text)) == 30 and not labeled & public
+    assert labeled == set(server_labeled_set(dataclasses.replace(text, server_public_size=0))["text"])  # D_s unchanged
+    assert not public & set(server_test_set(text)["text"])
+    train = load_splits(text)[0]
+    assert len(train) == len(load_splits(dataclasses.replace(text, server_public_size=0))[0]) - 30
+    assert not public & set(train["text"])
+    assert len(server_public_set(dataclasses.replace(text, server_public_size=0))) == 0
+    with pytest.raises(DataError, match="'pfedknow-teacher-public-size'"):
+        server_public_set(dataclasses.replace(text, server_public_size=10_000_000))
+    s = build_strategy(cfg)
+    assert isinstance(s, PFedKnow) and s.labeled_x.shape[0] == 50 and s.teacher_x.shape[0] == 80
+    assert torch.equal(s.teacher_x[:50], s.labeled_x)  # D_s, then the public examples
+    with pytest.raises(ConfigError, match="'pfedknow-teacher-public-size'"):
+        RunConfig.from_flower({**BASE, "pfedknow-teacher-public-size": -1})
 
 
 @pytest.mark.parametrize("path", sorted(Path("deploy/configs").glob("pfedknow-*.toml")), ids=lambda p: p.name)

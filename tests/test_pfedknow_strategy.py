@@ -128,6 +128,30 @@ def test_round_personalizes_every_client_with_sparse_uploads() -> None:
     assert s.prune_ratio(2) == pytest.approx(0.5)
 
 
+def test_teacher_learns_its_own_set_and_the_student_only_d_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``teacher_labeled`` (D_s with the public set) trains the teacher; ``w_s'`` is trained on D_s alone."""
+    import strategies.pfedknow as module
+
+    public = (torch.randn(20, 1, 8, 8, generator=GEN), torch.randint(0, 3, (20,), generator=GEN))
+    teacher_set = (torch.cat([LABELED[0], public[0]]), torch.cat([LABELED[1], public[1]]))
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    train = module.train_on_labeled
+
+    def recording(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, **kw: object) -> list[float]:
+        seen.append((x, y))
+        return train(model, x, y, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "train_on_labeled", recording)
+    s = make(teacher_labeled=teacher_set)
+    send(s, 1)
+    (tx, ty), (sx, sy) = seen  # the teacher first, then w_s'
+    assert tx.shape[0] == 68 and torch.equal(tx, teacher_set[0]) and torch.equal(ty, teacher_set[1])
+    assert torch.equal(sx, LABELED[0]) and torch.equal(sy, LABELED[1])
+    seen.clear()
+    send(make(), 1)  # without teacher_labeled the teacher learns D_s
+    assert all(torch.equal(x, LABELED[0]) for x, _ in seen) and len(seen) == 2
+
+
 def test_personal_models_differ_and_are_evaluated_one_by_one() -> None:
     s = make()
     run_round(s, 1)
