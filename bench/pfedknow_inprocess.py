@@ -12,7 +12,8 @@ personalized model is evaluated on the client's local test split.  Prints one JS
 method and round (mean accuracy over all clients, split as the strategy's federated metric is by
 :func:`strategies.pfedknow.personalization_split` into clients evaluated on their own model --
 ``fed-accuracy-personalized`` -- and clients still on the server's initial model ``w_s'`` --
-``fed-accuracy-initial``; upload saving, pseudo-labels kept, ...), then a
+``fed-accuracy-initial``; upload saving, pseudo-labels kept, ...; round 0 is ``w_s'``, with the
+teacher's accuracy on the same test data as ``teacher-accuracy`` where the method has one), then a
 ``RESULT`` line per method.  Used for the README's pFedKnow table when the Ray simulation was
 not available; ``python -m deploy.experiments pfedknow-table3`` runs the same comparison in Flower.
 """
@@ -81,8 +82,13 @@ def run(path: str, method: str, num_clients: int = 10, overrides: dict[str, Any]
                 model.load_state_dict(dict(s.client_model(f"partition-{pid}")), strict=False)
                 _, acc0, _ = evaluate_classifier(family.for_evaluation(model, loaders[pid][0]), loaders[pid][1])
                 accs0.append(acc0)
-            print(json.dumps({"method": method, "round": 0, "acc-mean": float(np.mean(accs0))}), flush=True)
             rows.append({"round": 0, "acc-mean": float(np.mean(accs0))})
+            teacher = s.teacher()
+            if teacher is not None:  # what the teacher knows: its accuracy on the same test data
+                rows[0]["teacher-accuracy"] = float(
+                    np.mean([evaluate_classifier(teacher, loaders[pid][1])[1] for pid in range(num_clients)])
+                )
+            print(json.dumps({"method": method, **rows[0]}), flush=True)
         s.prepare_round(r)
         nodes = s._sample(sorted(s.profiles), cfg.fraction_train, cfg.min_train_nodes)
         s._sent_train = s._messages(nodes, r, ConfigRecord(), MessageType.TRAIN)
