@@ -144,8 +144,9 @@ def no_effect_warnings(cfg: RunConfig, overridden: Iterable[str]) -> list[str]:
     """Warnings for keys the user set that change nothing in this configuration.
 
     ``local-epochs`` while ``local-steps`` > 0 (steps win); ``dirichlet-alpha`` without the
-    Dirichlet partitioner; a key that the method does not read (``beta``, ``codist-*``,
-    ``pfedknow-*``, ...: the methods each key's field declares, :data:`experiment.config.KEY_METHODS`).
+    Dirichlet partitioner; ``client-test-fraction`` with ``client-test-split = "held-out"``; a key
+    that the method does not read (``beta``, ``codist-*``, ``pfedknow-*``, ...: the methods each
+    key's field declares, :data:`experiment.config.KEY_METHODS`).
     """
     out = []
     keys = set(overridden)
@@ -158,6 +159,12 @@ def no_effect_warnings(cfg: RunConfig, overridden: Iterable[str]) -> list[str]:
     if "dirichlet-alpha" in keys and cfg.partitioner != "dirichlet":
         out.append(
             f"'dirichlet-alpha' has no effect with partitioner = {cfg.partitioner!r} (set partitioner='dirichlet')"
+        )
+    if "client-test-fraction" in keys and cfg.client_test_split == "held-out":
+        out.append(
+            "'client-test-fraction' has no effect with client-test-split = 'held-out': each client tests on its "
+            "label-matched share of the held-out split and trains on its whole partition "
+            "(set client-test-split='partition' to hold out a fraction of each partition)"
         )
     for key in sorted(keys - ({"local-epochs"} if epochs_unused else set())):  # said once is enough
         owners = _owners(key)

@@ -99,6 +99,10 @@ def test_keys_without_effect_are_named() -> None:
     assert warnings[2] == "'beta' has no effect with method = 'heterofl': only inclusivefl read it"
     assert warnings[3].startswith("'codist-alpha' has no effect with method = 'heterofl': only codist-")
     assert no_effect_warnings(RunConfig.from_flower({"beta": 0.5}), ["beta"]) == []
+    held_out = RunConfig.from_flower({"client-test-split": "held-out", "client-test-fraction": 0.3})
+    (warning,) = no_effect_warnings(held_out, ["client-test-split", "client-test-fraction"])
+    assert warning.startswith("'client-test-fraction' has no effect with client-test-split = 'held-out'")
+    assert no_effect_warnings(RunConfig.from_flower({"client-test-fraction": 0.3}), ["client-test-fraction"]) == []
 
 
 def test_unknown_keys_get_the_closest_declared_ones() -> None:
