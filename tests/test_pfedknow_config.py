@@ -120,8 +120,11 @@ def test_teacher_public_set_is_training_data_only_the_teacher_sees() -> None:
     with pytest.raises(DataError, match="'pfedknow-teacher-public-size'"):
         server_public_set(dataclasses.replace(text, server_public_size=10_000_000))
     s = build_strategy(cfg)
-    assert isinstance(s, PFedKnow) and s.labeled_x.shape[0] == 50 and s.teacher_x.shape[0] == 80
-    assert torch.equal(s.teacher_x[:50], s.labeled_x)  # D_s, then the public examples
+    assert isinstance(s, PFedKnow)
+    teacher_x, labeled_x = s.teacher_x, s.labeled_x
+    assert isinstance(teacher_x, torch.Tensor) and isinstance(labeled_x, torch.Tensor)  # images
+    assert labeled_x.shape[0] == 50 and teacher_x.shape[0] == 80
+    assert torch.equal(teacher_x[:50], labeled_x)  # D_s, then the public examples
     with pytest.raises(ConfigError, match="'pfedknow-teacher-public-size'"):
         RunConfig.from_flower({**BASE, "pfedknow-teacher-public-size": -1})
 
