@@ -109,18 +109,12 @@ class Experiment:
         return TransformerFamily(self.transformer_spec, max_seq_len=cfg.max_seq_len)
 
     @property
-    def _server_labeled_size(self) -> int:
-        """Training examples the server keeps for itself: pFedKnow's labeled set ``D_s``, else none."""
+    def _server_carves(self) -> tuple[int, int]:
+        """Training examples the server keeps: pFedKnow's ``D_s`` and its teacher's public set, else none."""
         if self.entry.client != "unlabeled-pruning":
-            return 0
-        return self.cfg.settings_of(PFedKnowGroup).pfedknow_labeled_size
-
-    @property
-    def _server_public_size(self) -> int:
-        """Training examples only pFedKnow's teacher learns from (``pfedknow-teacher-public-size``), else none."""
-        if self.entry.client != "unlabeled-pruning":
-            return 0
-        return self.cfg.settings_of(PFedKnowGroup).pfedknow_teacher_public_size
+            return 0, 0
+        own = self.cfg.settings_of(PFedKnowGroup)
+        return own.pfedknow_labeled_size, own.pfedknow_teacher_public_size
 
     @cached_property
     def data(self) -> DataSpec:
@@ -131,6 +125,7 @@ class Experiment:
         other run carves none.
         """
         cfg = self.cfg
+        labeled_size, public_size = self._server_carves
         return DataSpec(
             dataset=cfg.dataset,
             kind="image" if cfg.image_data else "text",
@@ -144,8 +139,8 @@ class Experiment:
             server_test_size=cfg.server_test_size,
             eval_split=cfg.eval_split,
             validation_fraction=cfg.validation_fraction,
-            server_labeled_size=self._server_labeled_size,
-            server_public_size=self._server_public_size,
+            server_labeled_size=labeled_size,
+            server_public_size=public_size,
             train_size=cfg.train_size,
             seed=cfg.seed,
         )

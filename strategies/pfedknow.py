@@ -694,7 +694,7 @@ def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> PFe
         build_model=partial(family.build, cfg.catalog.largest),
         build_teacher=build_teacher,
         labeled=labeled_set(cfg),
-        teacher_labeled=labeled_set(cfg, public=True),
+        teacher_labeled=labeled_set(cfg, public=True) if cfg.data_spec().server_public_size else None,
         settings=settings_from(cfg),
         **options,
     )
