@@ -57,7 +57,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy .
 
 unit: setup
-	$(BIN)/pytest -m "not slow and not deploy and not chaos"
+	$(BIN)/pytest -m "not slow and not deploy and not chaos and not gpu"
 
 test: setup lint typecheck
 	$(BIN)/pytest
