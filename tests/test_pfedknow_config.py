@@ -136,3 +136,4 @@ def test_shipped_run_configs_validate(path: Path) -> None:
     assert cfg.method in PFEDKNOW_METHODS
     want = "embedded:rotten_tomatoes" if path.name == "pfedknow-text.toml" else "embedded:fashion_mnist"
     assert cfg.dataset == want
+    assert cfg.client_test_split == "held-out"  # personalized models tested on held-out data, never training images

@@ -298,4 +298,3 @@ def test_shipped_text_config_is_minilm_with_a_shallower_student() -> None:
     with Path("deploy/configs/pfedknow-text.toml").open("rb") as f:
         cfg = RunConfig.from_flower(tomllib.load(f))
     assert cfg.model == "minilm-l6" and cfg.tier_depths == [("iot", 2)] and cfg.pfedknow_prune_ratio == 0.75
-    assert cfg.client_test_split == "held-out"  # personalized models tested on held-out snippets, as the image configs
