@@ -44,7 +44,7 @@ data: $(STAMP) $(if $(HETFL_FASHION_MNIST_DIR),,$(FASHION_MNIST))
 # one torch thread per ClientApp: two Ray actors share the two cores (docs/RESULTS.md, "Framework overhead");
 # one checkpoint kept (about 300 MB: the composite model and the per-tier FedAdam state), enough to resume
 demo: setup
-	@$(BIN)/python -m deploy.launch simulation --supernodes 6 --run-name demo --run-config "client-threads=1 checkpoint-keep=1"
+	@$(BIN)/python -m deploy.launch simulation --supernodes 6 --run-name demo --run-config "client-threads=1 checkpoint-keep=1 fraction-evaluate=0"
 
 loopback: setup
 	$(BIN)/python -m deploy.launch loopback --run-name loopback --run-config "num-server-rounds=2"

@@ -12,6 +12,15 @@ their mean :math:`\bar d` and standard error :math:`\mathrm{SE} = s_d / \sqrt{n}
 :math:`\bar d \ge 2\,\mathrm{SE}` with :math:`\bar d > 0` (for "lower", the mirror image); with
 fewer than three common seeds it is *too few seeds*; otherwise *not held*.
 
+A claim about a *trend* -- a gain that shrinks from one setting to another -- names two more rows
+``c`` and ``d`` and is judged on the paired difference of differences
+
+.. math:: d_s = \bigl(f(a, s) - f(b, s)\bigr) - \bigl(f(c, s) - f(d, s)\bigr),
+          \qquad s \in S_a \cap S_b \cap S_c \cap S_d,
+
+with the same mean, SE and verdict (e.g. co-distillation's gain over FedAvg with a small pool
+minus its gain with a large pool, Co-distillation Table 1).
+
 The functions are pure so they are tested on exact numbers.
 """
 
@@ -63,6 +72,9 @@ class Claim:
         The claim in words.
     a, b : str
         Run labels of the suite; the difference is ``a - b``.
+    c, d : str
+        Two more run labels for a trend claim, whose difference is ``(a - b) - (c - d)``
+        (``c`` read on ``tier``, ``d`` on :attr:`b_tier`); both empty = a plain ``a - b`` claim.
     tier : str
         The tier whose curve is compared (InclusiveFL's global model: the strongest tier).
     tier_b : str
@@ -93,11 +105,27 @@ class Claim:
     paper: str = ""
     tier_b: str = ""
     metric: str = ""
+    c: str = ""
+    d: str = ""
 
     @property
     def b_tier(self) -> str:
         """The tier of row ``b`` that is compared."""
         return self.tier_b or self.tier
+
+    @property
+    def is_trend(self) -> bool:
+        """Whether the claim compares two differences, ``(a - b) - (c - d)``."""
+        return bool(self.c)
+
+    def rows(self) -> tuple[tuple[str, str], ...]:
+        """``(run label, tier)`` of the compared rows in the order ``a, b`` or ``a, b, c, d``."""
+        plain = ((self.a, self.tier), (self.b, self.b_tier))
+        return (*plain, (self.c, self.tier), (self.d, self.b_tier)) if self.is_trend else plain
+
+    def compared(self) -> str:
+        """The compared rows in words: ``a − b`` or ``(a − b) − (c − d)``."""
+        return f"({self.a} − {self.b}) − ({self.c} − {self.d})" if self.is_trend else f"{self.a} − {self.b}"
 
 
 def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Claim, ...]:
@@ -107,7 +135,9 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
     ------
     ClaimError
         On a missing or unknown key, a run label the suite does not have, an unknown statistic or
-        direction, or a ``rounds-to-target`` claim without a target in ``(0, 1]``.
+        direction, a ``rounds-to-target`` claim without a target in ``(0, 1]``, or a trend claim
+        with only one of ``c`` / ``d`` or on ``rounds-to-target`` (rounds have no magnitude for a
+        run that misses the target).
 
     """
     if raw is None:
@@ -115,7 +145,21 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
     if not isinstance(raw, list):
         raise ClaimError(f"{where}: 'claims' must be a list of [[claims]] tables")
     claims = []
-    known = {"label", "text", "a", "b", "tier", "tier-b", "statistic", "direction", "target", "paper", "metric"}
+    known = {
+        "label",
+        "text",
+        "a",
+        "b",
+        "c",
+        "d",
+        "tier",
+        "tier-b",
+        "statistic",
+        "direction",
+        "target",
+        "paper",
+        "metric",
+    }
     for i, entry in enumerate(raw):
         at = f"{where} claims[{i}]"
         if not isinstance(entry, dict):
@@ -126,7 +170,11 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
         for key in ("label", "text", "a", "b", "tier"):
             if not isinstance(entry.get(key), str) or not entry[key]:
                 raise ClaimError(f"{at}: needs '{key}' (a non-empty string)")
-        for key in ("a", "b"):
+        if ("c" in entry) != ("d" in entry):
+            raise ClaimError(f"{at}: a trend claim needs both 'c' and 'd' (its difference is (a - b) - (c - d))")
+        for key in ("a", "b", "c", "d"):
+            if key not in entry:
+                continue
             if entry[key] not in run_labels:
                 raise ClaimError(f"{at}.{key}: {entry[key]!r} is not a run label of the suite ({list(run_labels)})")
         claim = Claim(
@@ -134,6 +182,7 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
             statistic=str(entry.get("statistic", "final")), direction=str(entry.get("direction", "higher")),
             target=_number(entry.get("target", 0.0), f"{at}.target"), paper=str(entry.get("paper", "")),
             tier_b=str(entry.get("tier-b", "")), metric=str(entry.get("metric", "")),
+            c=str(entry.get("c", "")), d=str(entry.get("d", "")),
         )  # fmt: skip
         if claim.statistic not in CLAIM_STATISTICS:
             raise ClaimError(f"{at}.statistic: expected one of {CLAIM_STATISTICS}, got {claim.statistic!r}")
@@ -141,6 +190,8 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
             raise ClaimError(f"{at}.direction: expected one of {DIRECTIONS}, got {claim.direction!r}")
         if claim.statistic == "rounds-to-target" and not 0.0 < claim.target <= 1.0:
             raise ClaimError(f"{at}.target: 'rounds-to-target' needs a target accuracy in (0, 1], got {claim.target}")
+        if claim.is_trend and claim.statistic == "rounds-to-target":
+            raise ClaimError(f"{at}.statistic: a trend claim (c, d) compares 'final' or 'best' values, not rounds")
         if claim.statistic == "rounds-to-target" and claim.direction != "lower":
             raise ClaimError(f"{at}.direction: 'rounds-to-target' claims a fewer rounds: set direction = \"lower\"")
         claims.append(claim)
@@ -216,27 +267,41 @@ def paired_difference(results: Sequence[_Run], claim: Claim) -> PairedDifference
 
     Seeds where either row lacks the tier's curve are skipped.  A statistic without magnitude
     (:func:`unmeasured`: NaN, or a target never reached) leaves the seed out of the mean: listed
-    in ``against`` when only a's is unmeasured, else in ``censored``.
+    in ``against`` when only a's is unmeasured, else in ``censored``.  A trend claim
+    (:attr:`Claim.is_trend`) takes ``d_s = (a - b) - (c - d)`` over the seeds all four rows
+    finished; a seed with any row unmeasured (diverged) is listed in ``against``, since a
+    diverged row says nothing about the size of either gain.
     """
     by = {(r.label, r.seed): r for r in results}
+    rows = claim.rows()
+    common = set.intersection(*({s for (label, s) in by if label == row} for row, _ in rows))
     seeds, diffs, censored, against = [], [], [], []
-    for seed in sorted({s for (label, s) in by if label == claim.a} & {s for (label, s) in by if label == claim.b}):
-        ca = by[(claim.a, seed)].tier_curves(claim.metric).get(claim.tier)
-        cb = by[(claim.b, seed)].tier_curves(claim.metric).get(claim.b_tier)
-        if not ca or not cb:
+    for seed in sorted(common):
+        curves = [by[(row, seed)].tier_curves(claim.metric).get(tier) for row, tier in rows]
+        if not all(curves):
             continue
-        sa, sb = claim_statistic(ca, claim), claim_statistic(cb, claim)
-        if unmeasured(sa, claim) and not unmeasured(sb, claim):
+        values = [claim_statistic(curve, claim) for curve in curves if curve]
+        missing = [unmeasured(v, claim) for v in values]
+        a_alone = missing[0] and not missing[1]  # a plain claim's a missed what b reached
+        if any(missing) if claim.is_trend else a_alone:
             against.append(seed)
-        elif unmeasured(sa, claim) or unmeasured(sb, claim):
+        elif any(missing):
             censored.append(seed)
         else:
             seeds.append(seed)
-            diffs.append(sa - sb)
+            diffs.append(_difference(values))
     n = len(diffs)
     mean = math.fsum(diffs) / n if n else math.nan
     se = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1)) / math.sqrt(n) if n > 1 else math.nan
     return PairedDifference(tuple(seeds), tuple(diffs), mean, se, tuple(censored), tuple(against))
+
+
+def _difference(values: Sequence[float]) -> float:
+    """``a - b`` of two values, ``(a - b) - (c - d)`` of four (each difference taken first)."""
+    if len(values) == 2:
+        return values[0] - values[1]
+    a, b, c, d = values
+    return (a - b) - (c - d)
 
 
 def verdict(diff: PairedDifference, direction: str) -> Verdict:
@@ -266,13 +331,14 @@ def claims_markdown(claims: Sequence[Claim], results: Sequence[_Run], *, digits:
         value = "—" if d.n == 0 else (f"{d.mean:+.{digits}f}" + ("" if math.isnan(d.se) else f" ± {d.se:.{digits}f}"))
         missed = "target not reached" if c.statistic == "rounds-to-target" else "diverged"
         if d.against:
-            value += f" (a {missed}: seeds {', '.join(map(str, d.against))})"
+            who = "a row" if c.is_trend else "a"
+            value += f" ({who} {missed}: seeds {', '.join(map(str, d.against))})"
         if d.censored:
             value += f" (b or both {missed}, left out: seeds {', '.join(map(str, d.censored))})"
         want = "a higher" if c.direction == "higher" else "a lower"
         tier = (c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}") + (f" ({c.metric})" if c.metric else "")
         lines.append(
-            f"| {c.label}: {c.text} | {c.a} − {c.b} | {tier}, {stat} ({want}) | {value} | {d.n} | "
+            f"| {c.label}: {c.text} | {c.compared()} | {tier}, {stat} ({want}) | {value} | {d.n} | "
             f"{verdict(d, c.direction)} |"
         )
     return "\n".join(lines) + "\n"

@@ -64,7 +64,7 @@ from models.catalog import Layout, Role, Variant, VariantCatalog, meta_layout
 from models.cnn import CONV, PRERESNET18, PRERESNET18_BLOCKS, ConvBlock, PreActBlock, estimate_memory, static_bn
 from models.exit_heads import ExitHeadKind, conv_exit
 from models.family import CNNFamily, TransformerFamily
-from models.training import batch_to, model_device
+from models.training import EvaluationTally, batch_to, model_device
 from models.transformer import TransformerSpec, build_model, layer_of, masked_mean, variant_config
 
 
@@ -193,23 +193,20 @@ def evaluate_exits(model: ExitModel, loader: DataLoader) -> ExitsEvaluation:
     """
     model.eval()
     device = model_device(model)
-    loss_sum, correct, count = 0.0, 0, 0
+    tally = EvaluationTally()
     exit_correct = [0] * len(model.exits)
     for batch in loader:
         batch = batch_to(batch, device)
         labels = batch["labels"]
         exits = model.exit_logits(**{k: v for k, v in batch.items() if k != "labels"})
         logits = ensemble_logits(exits)
-        n = int(labels.shape[0])
-        loss_sum += float(F.cross_entropy(logits, labels)) * n
-        correct += int((logits.argmax(-1) == labels).sum())
+        tally.add(logits, labels, F.cross_entropy(logits, labels))
         for i, z in enumerate(exits):
             exit_correct[i] += int((z.argmax(-1) == labels).sum())
-        count += n
+    loss, accuracy, count = tally.result()
     if count == 0:
-        nan = float("nan")
-        return ExitsEvaluation(nan, nan, 0, tuple(nan for _ in exit_correct))
-    return ExitsEvaluation(loss_sum / count, correct / count, count, tuple(c / count for c in exit_correct))
+        return ExitsEvaluation(loss, accuracy, 0, tuple(float("nan") for _ in exit_correct))
+    return ExitsEvaluation(loss, accuracy, count, tuple(c / count for c in exit_correct))
 
 
 class ExitConvNet(nn.Module):

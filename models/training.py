@@ -154,19 +154,39 @@ def train_classifier(
     return total / max(n, 1)
 
 
+@dataclass
+class EvaluationTally:
+    """Running evaluation sums over batches ``b`` of ``n_b`` examples and mean loss ``l_b``.
+
+    ``loss = sum_b n_b l_b / N`` and ``accuracy = correct / N`` with ``N = sum_b n_b``.
+    """
+
+    loss_sum: float = 0.0
+    correct: int = 0
+    count: int = 0
+
+    def add(self, logits: Tensor, labels: Tensor, loss: Tensor) -> None:
+        """Count one batch: its logits, labels and mean loss."""
+        n = int(labels.shape[0])
+        self.loss_sum += float(loss) * n
+        self.correct += int((logits.argmax(-1) == labels).sum())
+        self.count += n
+
+    def result(self) -> tuple[float, float, int]:
+        """``(mean loss, accuracy, examples)``; NaNs when no example was counted."""
+        if self.count == 0:
+            return float("nan"), float("nan"), 0
+        return self.loss_sum / self.count, self.correct / self.count, self.count
+
+
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, loader: DataLoader) -> tuple[float, float, int]:
     """Return ``(mean loss, accuracy, examples)`` over ``loader``."""
     model.eval()
     device = model_device(model)
-    loss_sum, correct, count = 0.0, 0, 0
+    tally = EvaluationTally()
     for batch in loader:
         batch = batch_to(batch, device)
         logits, loss = logits_and_loss(model, batch)
-        n = int(batch["labels"].shape[0])
-        loss_sum += float(loss) * n
-        correct += int((logits.argmax(-1) == batch["labels"]).sum())
-        count += n
-    if count == 0:
-        return float("nan"), float("nan"), 0
-    return loss_sum / count, correct / count, count
+        tally.add(logits, batch["labels"], loss)
+    return tally.result()

@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import torch
 from transformers import (
@@ -149,13 +150,24 @@ class MeanPooledBertForSequenceClassification(BertForSequenceClassification):
     ) -> SequenceClassifierOutput:
         """Logits (and the mean cross-entropy when ``labels`` are given)."""
         hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0]
+        logits = self.logits_from_hidden(hidden, attention_mask)
+        loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+    def logits_from_hidden(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """``W_c dropout(tanh(W_p masked_mean(h) + b_p)) + b_c`` of the last hidden state ``h``.
+
+        Raises
+        ------
+        ValueError
+            For a model built without BERT's pooler layer.
+
+        """
         pooler = self.bert.pooler
         if pooler is None:
             raise ValueError("mean pooling feeds BERT's pooler layer; this model was built without one")
         pooled = pooler.activation(pooler.dense(masked_mean(hidden, attention_mask)))
-        logits = self.classifier(self.dropout(pooled))
-        loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
-        return SequenceClassifierOutput(loss=loss, logits=logits)
+        return cast(torch.Tensor, self.classifier(self.dropout(pooled)))
 
 
 def classifier_class(spec: TransformerSpec) -> type[PreTrainedModel]:

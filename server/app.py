@@ -19,7 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from experiment.config import ConfigError, RunConfig
@@ -33,6 +33,7 @@ from models.data import (
 )
 from models.exits import EXIT_MODELS, evaluate_exits
 from models.images import image_shape
+from models.shared_trunk import evaluate_shared_trunk, trunk_groups
 from models.training import evaluate_classifier, use_threads
 from server.checkpoint import (
     Checkpoint,
@@ -110,7 +111,17 @@ class CentralEvaluator:
                 for d in cfg.domains
             }
 
+    def model(self, variant: str, params: Mapping[str, Tensor]) -> nn.Module:
+        """The variant's model with ``params`` loaded, on the evaluation device."""
+        model = self.family.build(self.cfg.catalog.get(variant))
+        model.load_state_dict(dict(params), strict=False)
+        return model.to(self.device)
+
     def evaluate(self, variant: str, params: Mapping[str, Tensor]) -> dict[str, float]:
+        """:meth:`metrics` of the variant's model with ``params``."""
+        return self.metrics(self.model(variant, params))
+
+    def metrics(self, model: nn.Module) -> dict[str, float]:
         """``loss`` and ``accuracy`` of one model, and per input domain when the run has several.
 
         With domains (``tier-domains``) the test set is evaluated once per domain
@@ -119,9 +130,6 @@ class CentralEvaluator:
         domain's training sample.  A multi-exit model (DepthFL's) adds each exit's accuracy
         alone, ``exit-<i>-accuracy`` (:func:`models.exits.evaluate_exits`).
         """
-        model = self.family.build(self.cfg.catalog.get(variant))
-        model.load_state_dict(dict(params), strict=False)
-        model.to(self.device)
         per_domain: dict[str, dict[str, float]] = {}
         for domain, loader in self.loaders.items():
             evaluated = self.family.for_evaluation(model, self.stats.get(domain))
@@ -136,6 +144,33 @@ class CentralEvaluator:
             out.update({f"{k}-{d}": v for d, m in per_domain.items() for k, v in m.items()})
         return out
 
+    def by_shared_trunk(self, params: Mapping[str, Mapping[str, Tensor]]) -> dict[str, dict[str, float]]:
+        """:meth:`metrics` of one model per variant, variants sharing a trunk in one pass.
+
+        Depth variants whose embeddings and encoder layers equal the deepest one's (InclusiveFL
+        after every round) are evaluated by :func:`models.shared_trunk.evaluate_shared_trunk`:
+        the same logits as their own forward passes, with ``L_max`` instead of ``sum_j L_j``
+        layers run per batch.  Every other model is evaluated on its own.
+
+        Raises
+        ------
+        ValueError
+            When the family needs batch statistics or the run has several input domains.
+
+        """
+        if self.family.uses_statistics or len(self.loaders) != 1:
+            raise ValueError("shared-trunk evaluation needs one input domain and no batch statistics")
+        (loader,) = self.loaders.values()
+        built = {variant: self.model(variant, p) for variant, p in params.items()}
+        out: dict[str, dict[str, float]] = {}
+        for group in trunk_groups(built):
+            if len(group) == 1:
+                out[group[0]] = self.metrics(built[group[0]])
+                continue
+            for variant, (loss, acc, _) in evaluate_shared_trunk({v: built[v] for v in group}, loader).items():
+                out[variant] = {"loss": loss, "accuracy": acc}
+        return {variant: out[variant] for variant in params}
+
     def generators(self) -> dict[str, torch.Generator]:
         """Random generators whose state belongs in a checkpoint (the sBN statistics samplers)."""
         out = {}
@@ -146,7 +181,13 @@ class CentralEvaluator:
         return out
 
     def __call__(self, models: Mapping[str, list[Mapping[str, Tensor]]]) -> dict[str, dict[str, float]]:
-        """Mean of every metric of :meth:`evaluate` per variant over its models."""
+        """Mean of every metric of :meth:`evaluate` per variant over its models.
+
+        Text runs with one model per variant go through :meth:`by_shared_trunk` (the same numbers).
+        """
+        one_each = bool(models) and all(len(p) == 1 for p in models.values())
+        if one_each and self.family.data_kind == "text" and len(self.loaders) == 1:
+            return self.by_shared_trunk({variant: p[0] for variant, p in models.items()})
         out = {}
         for variant, params_list in models.items():
             results = [self.evaluate(variant, p) for p in params_list]

@@ -175,3 +175,42 @@ def test_parse_claims_reads_a_claim_metric() -> None:
     raw = [{"label": "C9", "text": "t", "a": "x", "b": "y", "tier": "small", "metric": "local-accuracy-inverted"}]
     (claim,) = parse_claims(raw, "suite", ["x", "y"])
     assert claim.metric == "local-accuracy-inverted"
+
+
+def test_a_trend_claim_pairs_the_difference_of_two_gains() -> None:
+    # small-pool gain minus large-pool gain: (a - b) - (c - d) per seed
+    # seed 1: (0.30 - 0.25) - (0.40 - 0.38) = 0.03; seed 2: 0.05 - 0.01 = 0.04; seed 3: 0.06 - 0.01 = 0.05
+    finals = {
+        "codist small": (0.30, 0.31, 0.32), "fedavg small": (0.25, 0.26, 0.26),
+        "codist large": (0.40, 0.40, 0.41), "fedavg large": (0.38, 0.39, 0.40),
+    }  # fmt: skip
+    results = [run(label, s, {20: v[s - 1]}, tier="large") for label, v in finals.items() for s in (1, 2, 3)]
+    results.append(run("codist small", 4, {20: 0.5}, tier="large"))  # seed 4 lacks three rows: not paired
+    trend = Claim("T", "the gain shrinks", "codist small", "fedavg small", "large", c="codist large", d="fedavg large")
+    d = paired_difference(results, trend)
+    assert d.seeds == (1, 2, 3)
+    assert d.differences == pytest.approx((0.03, 0.04, 0.05))
+    assert d.mean == pytest.approx(0.04) and d.se == pytest.approx(0.01 / math.sqrt(3))
+    assert verdict(d, "higher") == "held"
+    row = claims_markdown([trend], results).splitlines()[2]
+    assert "| (codist small − fedavg small) − (codist large − fedavg large) | large, final (a higher) |" in row
+    assert row.endswith("| +0.040 ± 0.006 | 3 | held |")
+    diverged = [*results[:-1], run("fedavg large", 5, {20: math.nan}, tier="large")]
+    diverged += [run(label, 5, {20: 0.3}, tier="large") for label in ("codist small", "fedavg small", "codist large")]
+    d5 = paired_difference(diverged, trend)
+    assert d5.against == (5,) and verdict(d5, "higher") == "not held"
+    assert "(a row diverged: seeds 5)" in claims_markdown([trend], diverged)
+
+
+def test_parse_claims_reads_a_trend_and_rejects_half_of_one() -> None:
+    labels = ["a", "b", "c", "d"]
+    ok = {"label": "T", "text": "t", "a": "a", "b": "b", "c": "c", "d": "d", "tier": "large"}
+    (claim,) = parse_claims([ok], "suite", labels)
+    assert claim.is_trend and claim.rows() == (("a", "large"), ("b", "large"), ("c", "large"), ("d", "large"))
+    for bad, match in (
+        ({k: v for k, v in ok.items() if k != "d"}, "both 'c' and 'd'"),
+        ({**ok, "c": "nope"}, r"claims\[0\]\.c: 'nope' is not a run label"),
+        ({**ok, "statistic": "rounds-to-target", "target": 0.5, "direction": "lower"}, "trend claim"),
+    ):
+        with pytest.raises(ClaimError, match=match):
+            parse_claims([bad], "suite", labels)

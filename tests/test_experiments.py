@@ -288,12 +288,14 @@ def test_demo_selection_runs_the_demo_on_validation_data_with_unreported_seeds()
     suite = ex.load_suite("demo-selection")
     preset = suite.presets["cpu"]
     assert preset.first_seed not in range(ex.BASE_SEED, ex.BASE_SEED + 5)
-    demo = RunConfig.from_flower({"client-threads": 1})  # what `make demo` runs (and the defaults)
+    # what `make demo` runs (and the defaults); federated evaluation (fraction-evaluate) changes no
+    # weight: the demo's server-test accuracies are the same in every round with and without it
+    demo = RunConfig.from_flower({"client-threads": 1, "fraction-evaluate": 0.0})
     for run in suite.runs:
         cfg = RunConfig.from_flower(ex.run_config_values(run, preset, preset.first_seed))
         assert cfg.eval_split == "validation" and cfg.data_spec().eval_split == "validation"
         differs = {k for k, v in cfg.model_dump().items() if v != getattr(demo, k)}
-        assert differs <= {"eval_split", "seed", "pooling", "results_dir", "run_name"}, differs
+        assert differs <= {"eval_split", "seed", "pooling", "results_dir", "run_name", "fraction_evaluate"}, differs
     assert {RunConfig.from_flower(ex.run_config_values(r, preset, 7)).pooling for r in suite.runs} == {"mean", "cls"}
 
 
