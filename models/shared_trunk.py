@@ -51,15 +51,16 @@ def depth_of(model: nn.Module) -> int:
 def shares_trunk(deep: nn.Module, shallow: nn.Module) -> bool:
     """Whether ``shallow`` is ``deep``'s first layers under its own head.
 
-    True when both are the same class of :data:`HEADED_CLASSES`, their configurations agree but
-    for ``num_hidden_layers`` (``shallow``'s at most ``deep``'s), and every :data:`TRUNK_PREFIXES`
-    tensor of ``shallow`` (parameters and buffers) equals ``deep``'s of the same name exactly.
+    True when both are exactly the same class of :data:`HEADED_CLASSES` (no subclass: its head
+    could differ), their configurations agree but for ``num_hidden_layers`` (``shallow``'s at
+    most ``deep``'s), and every :data:`TRUNK_PREFIXES` tensor of ``shallow`` (parameters and
+    buffers) equals ``deep``'s of the same name exactly.
     """
-    if type(deep) is not type(shallow) or not isinstance(deep, HEADED_CLASSES):
+    if type(deep) is not type(shallow) or type(deep) not in HEADED_CLASSES:
         return False
     if depth_of(shallow) > depth_of(deep):
         return False
-    deep_cfg = deep.config.to_dict()
+    deep_cfg = cast(BertForSequenceClassification, deep).config.to_dict()
     shallow_cfg = cast(BertForSequenceClassification, shallow).config.to_dict()
     deep_cfg.pop("num_hidden_layers")
     shallow_cfg.pop("num_hidden_layers")
@@ -79,10 +80,10 @@ def trunk_groups(models: Mapping[str, nn.Module]) -> list[list[str]]:
     """Partition ``models`` into groups evaluated by one pass: each group's first name is its deepest.
 
     Models are visited deepest first (ties in the mapping's order); each joins the first group
-    whose root it :func:`shares_trunk` with, or starts its own.  A model of another kind is a
-    group of one.
+    whose root it :func:`shares_trunk` with, or starts its own.  A model of another class
+    (a subclass included) is a group of one.
     """
-    headed = [n for n, m in models.items() if isinstance(m, HEADED_CLASSES)]
+    headed = [n for n, m in models.items() if type(m) in HEADED_CLASSES]
     order = sorted(headed, key=lambda n: -depth_of(models[n]))
     groups: list[list[str]] = []
     for name in order:

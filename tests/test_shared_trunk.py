@@ -12,7 +12,7 @@ from transformers import BertForSequenceClassification
 from experiment.config import RunConfig
 from models.shared_trunk import evaluate_shared_trunk, head_logits, shares_trunk, trunk_groups
 from models.training import EvaluationTally, evaluate_classifier
-from models.transformer import TransformerSpec, build_model, depth_prefix
+from models.transformer import MeanPooledBertForSequenceClassification, TransformerSpec, build_model, depth_prefix
 from server.app import CentralEvaluator
 
 
@@ -77,6 +77,13 @@ def test_a_trunk_is_shared_only_when_every_embedding_and_encoder_tensor_is_equal
     assert trunk_groups(models) == [["strong", "weak"], ["medium"]]
     with pytest.raises(ValueError, match="'medium' does not share the trunk of 'strong'"):
         evaluate_shared_trunk(models, batches())  # type: ignore[arg-type]
+
+    class OtherHead(MeanPooledBertForSequenceClassification):
+        """A subclass may read its hidden states another way: never grouped."""
+
+    subclassed = OtherHead(models["weak"].config)
+    subclassed.load_state_dict(models["weak"].state_dict())
+    assert not shares_trunk(models["strong"], subclassed)
     other_pooling = tiers("cls")["weak"]
     assert not shares_trunk(models["strong"], other_pooling)  # another head: never grouped
     assert trunk_groups({"strong": models["strong"], "cls": other_pooling, "lin": nn.Linear(2, 2)}) == [
