@@ -145,21 +145,8 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
     if not isinstance(raw, list):
         raise ClaimError(f"{where}: 'claims' must be a list of [[claims]] tables")
     claims = []
-    known = {
-        "label",
-        "text",
-        "a",
-        "b",
-        "c",
-        "d",
-        "tier",
-        "tier-b",
-        "statistic",
-        "direction",
-        "target",
-        "paper",
-        "metric",
-    }
+    known = {"label", "text", "a", "b", "c", "d", "tier", "tier-b", "statistic", "direction", "target", "paper",
+             "metric"}  # fmt: skip
     for i, entry in enumerate(raw):
         at = f"{where} claims[{i}]"
         if not isinstance(entry, dict):

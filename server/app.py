@@ -144,6 +144,11 @@ class CentralEvaluator:
             out.update({f"{k}-{d}": v for d, m in per_domain.items() for k, v in m.items()})
         return out
 
+    @property
+    def can_share_trunks(self) -> bool:
+        """Whether :meth:`by_shared_trunk` applies: text, one input domain, no batch statistics."""
+        return self.family.data_kind == "text" and not self.family.uses_statistics and len(self.loaders) == 1
+
     def by_shared_trunk(self, params: Mapping[str, Mapping[str, Tensor]]) -> dict[str, dict[str, float]]:
         """:meth:`metrics` of one model per variant, variants sharing a trunk in one pass.
 
@@ -155,11 +160,11 @@ class CentralEvaluator:
         Raises
         ------
         ValueError
-            When the family needs batch statistics or the run has several input domains.
+            When :attr:`can_share_trunks` is false.
 
         """
-        if self.family.uses_statistics or len(self.loaders) != 1:
-            raise ValueError("shared-trunk evaluation needs one input domain and no batch statistics")
+        if not self.can_share_trunks:
+            raise ValueError("shared-trunk evaluation needs text, one input domain and no batch statistics")
         (loader,) = self.loaders.values()
         built = {variant: self.model(variant, p) for variant, p in params.items()}
         out: dict[str, dict[str, float]] = {}
@@ -186,7 +191,7 @@ class CentralEvaluator:
         Text runs with one model per variant go through :meth:`by_shared_trunk` (the same numbers).
         """
         one_each = bool(models) and all(len(p) == 1 for p in models.values())
-        if one_each and self.family.data_kind == "text" and len(self.loaders) == 1:
+        if one_each and self.can_share_trunks:
             return self.by_shared_trunk({variant: p[0] for variant, p in models.items()})
         out = {}
         for variant, params_list in models.items():
