@@ -164,6 +164,13 @@ class CodistGroup(SettingsGroup):
         "alpha g + (1 - alpha) d norm(g) / norm(d) (1 = plain FedAvg).",
         json_schema_extra=_readers(modes=("merged",)),
     )
+    codist_merge_start: int = Field(
+        1,
+        ge=1,
+        description="MergedCodist's first distilling round: earlier rounds apply the FedAvg update alone "
+        "(alpha = 1, no distillation); 1 = every round (the paper's Algorithm 2).",
+        json_schema_extra=_readers(modes=("merged",)),
+    )
     codist_period: int = Field(
         5,
         ge=1,

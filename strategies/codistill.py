@@ -29,6 +29,9 @@ softmaxes (for two pools exactly the paper's).
   ``theta_i^t``, ``s`` steps give ``theta_i^student``; the distillation gradient is merged with
   the FedAvg pseudo-gradient and applied by FedAdam:
   ``Delta_i = alpha g_i + (1 - alpha) delta_i ||g_i|| / ||delta_i||`` (``alpha = 1``: FedAvg).
+  ``merge_start = t_0 > 1`` runs rounds ``t < t_0`` with ``alpha = 1`` and no distillation (the
+  paper's conclusions: "By setting alpha = 1, we can recover FedAvg and skip the
+  codistillation cost for specific rounds"); a diagnosis of when distillation should start.
 * **fedavg**: per-pool FedAvg/FedAdam only (the paper's baseline).
 
 Sign convention
@@ -131,6 +134,19 @@ def global_norm(tensors: Mapping[str, Tensor]) -> float:
     for t in tensors.values():
         total += float(torch.sum(t.detach().to(torch.float64) ** 2))
     return math.sqrt(total)
+
+
+def norm_ratio(delta: Mapping[str, Tensor], g: Mapping[str, Tensor]) -> float:
+    """``||delta||_2 / ||g||_2`` over ``g``'s keys, the factor eq. 2's rescaling divides ``delta`` by.
+
+    Above 1 the merge shrinks the distillation gradient, below 1 it stretches it.  0 when
+    ``||delta|| = 0``; ``inf`` when ``||g|| = 0 < ||delta||``.
+    """
+    d_norm = global_norm({k: delta[k] for k in g})
+    if d_norm == 0.0:
+        return 0.0
+    g_norm = global_norm(g)
+    return math.inf if g_norm == 0.0 else d_norm / g_norm
 
 
 def merged_update(g: Mapping[str, Tensor], delta: Mapping[str, Tensor], alpha: float) -> Params:
@@ -248,6 +264,11 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         MergedCodist, PeriodicCodist or the FedAvg baseline.
     alpha : float
         MergedCodist's merging factor (tuned on ``(0.05, 0.95)``; 1 = FedAvg).
+    merge_start : int
+        MergedCodist's first distilling round ``t_0`` (>= 1; 1 = every round, the paper's
+        Algorithm 2): rounds before it apply the FedAvg update ``g`` alone (``alpha = 1``) and
+        skip the distillation.  Reports ``merge-norm-ratio`` ``||delta|| / ||g||`` per pool in
+        the rounds that merge.
     period : int
         PeriodicCodist's ``p`` (paper: 200).
     adam : FedAdamConfig or Mapping[str, FedAdamConfig]
@@ -278,6 +299,7 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         distill_data: Batch | Callable[[], Iterable[Batch]] | None = None,
         mode: Mode = "merged",
         alpha: float = 0.5,
+        merge_start: int = 1,
         period: int = 200,
         adam: FedAdamConfig | Mapping[str, FedAdamConfig] | None = None,
         distill: DistillConfig | Mapping[str, DistillConfig] | None = None,
@@ -295,6 +317,11 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
             raise CodistConfigError(f"period must be >= 1, got {period}")
         if not 0.0 <= alpha <= 1.0:
             raise CodistConfigError(f"alpha must be in [0, 1], got {alpha}")
+        if merge_start < 1 or (mode == "merged" and merge_start > num_rounds):
+            raise CodistConfigError(
+                f"merge_start (codist-merge-start) must be a round in 1..{num_rounds} (the run's rounds), "
+                f"got {merge_start}; a run that never distills is mode 'fedavg'"
+            )
         if mode != "fedavg":
             if len(catalog) < 2:
                 raise CodistConfigError(f"co-distillation ({mode}) needs at least two pools, got {catalog.names()}")
@@ -308,6 +335,7 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         self.distill_data = distill_data
         self.mode: Mode = mode
         self.alpha = alpha
+        self.merge_start = merge_start
         self.period = period
         self.adam_cfg = _per_pool(adam if adam is not None else CODIST_FEDADAM, self.pools, "adam")
         self.distill_cfg = _per_pool(distill if distill is not None else DistillConfig(), self.pools, "distill")
@@ -413,13 +441,13 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         start = {p: dict(self.state[p]) for p in self.pools}
         # the updates, in place: the means are this round's own tensors
         g = {p: {k: t.sub_(start[p][k]) for k, t in m.items()} for p, m in means.items() if counts.get(p, 0) > 0}
-        if self.mode == "merged":
+        if self.mode == "merged" and server_round >= self.merge_start:
             students = self.codistill(server_round, start, [p for p in self.pools if p in g])
             with torch.no_grad():
-                update = {
-                    p: merged_update(gp, {k: students[p][k] - start[p][k] for k in gp}, self.alpha)
-                    for p, gp in g.items()
-                }
+                deltas = {p: {k: students[p][k] - start[p][k] for k in gp} for p, gp in g.items()}
+                update = {p: merged_update(gp, deltas[p], self.alpha) for p, gp in g.items()}
+            for p, gp in g.items():
+                report.group(p)["merge-norm-ratio"] = norm_ratio(deltas[p], gp)
         else:
             update = g
         new = dict(start)
@@ -452,9 +480,10 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         """Log the mode and its settings, then the base summary."""
         log(
             INFO,
-            "\t├──> co-distillation mode %s (alpha %.3g, period %d, %s), %d rounds",
+            "\t├──> co-distillation mode %s (alpha %.3g from round %d, period %d, %s), %d rounds",
             self.mode,
             self.alpha,
+            self.merge_start,
             self.period,
             self.membership,
             self.num_rounds,
@@ -485,6 +514,7 @@ def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> CoD
         distill_data=distillation_inputs(cfg),
         mode=parse_mode(entry.mode),
         alpha=own.codist_alpha,
+        merge_start=own.codist_merge_start,
         period=own.codist_period,
         adam=server_adam_per_pool(cfg),
         distill=DistillConfig(

@@ -17,8 +17,10 @@ from strategies.codistill import (
     CodistConfigError,
     CoDistillation,
     DistillConfig,
+    global_norm,
     linear_decay,
     merged_update,
+    norm_ratio,
 )
 from strategies.fedadam import FedAdamConfig, FedAdamState, fedadam_step
 from strategies.profiles import NodeProfile
@@ -161,6 +163,47 @@ def test_merged_applies_the_rescaled_distillation_gradient() -> None:
     assert s.report(1).groups["large"]["distill-loss"] >= 0.0
 
 
+def test_merged_before_merge_start_is_fedavg_then_merges() -> None:
+    """Rounds before ``merge_start`` apply ``g`` alone (bit for bit FedAvg, no distillation);
+    from it on, eq. 2 with this round's students, and ``merge-norm-ratio`` = ``||delta|| / ||g||``."""
+    s, fedavg, twin = make("merged", alpha=0.25, merge_start=3), make("fedavg"), make("merged", alpha=0.25)
+    for r in (1, 2):
+        run_round(s, r)
+        run_round(fedavg, r)
+        assert_states_equal(s.state, fedavg.state)
+        for pool in CLIENTS:
+            assert all(torch.equal(s.state[pool][k], fedavg.state[pool][k]) for k in fedavg.state[pool])
+            assert s.report(r).groups[pool]["distill-seconds"] == 0.0
+            assert "merge-norm-ratio" not in s.report(r).groups[pool]
+    start = copy_state(s.state)
+    adam = {
+        p: FedAdamState(
+            m={k: t.clone() for k, t in st.m.items()}, v={k: t.clone() for k, t in st.v.items()}, step=st.step
+        )
+        for p, st in s.adam.items()
+    }
+    run_round(s, 3)
+    students = twin.codistill(3, start, ["small", "large"])
+    cfg = dataclasses.replace(ADAM, eta=linear_decay(ADAM.eta, 3, ROUNDS))
+    for pool, rows in CLIENTS.items():
+        g = mean_update(start[pool], rows, 3)
+        delta = {k: students[pool][k] - start[pool][k] for k in g}
+        want = fedadam_step(start[pool], merged_update(g, delta, 0.25), adam[pool], cfg)
+        assert_states_equal({pool: s.state[pool]}, {pool: want})
+        assert s.report(3).groups[pool]["merge-norm-ratio"] == pytest.approx(
+            global_norm(delta) / global_norm(g), rel=1e-4
+        )  # g: the float32 mean, up to rounding
+        assert s.report(3).groups[pool]["distill-seconds"] > 0.0
+
+
+def test_norm_ratio_on_exact_numbers() -> None:
+    g = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([0.0])}  # ||g|| = 5
+    delta = {"a": torch.tensor([0.0, 6.0]), "b": torch.tensor([8.0]), "extra": torch.tensor([99.0])}  # 10 on g's keys
+    assert norm_ratio(delta, g) == 2.0
+    assert norm_ratio({k: torch.zeros_like(t) for k, t in g.items()}, g) == 0.0
+    assert norm_ratio(delta, {k: torch.zeros_like(t) for k, t in g.items()}) == float("inf")
+
+
 def test_periodic_distills_every_p_rounds_replaces_models_and_resets_moments() -> None:
     s, fedavg = make("periodic", period=2), make("fedavg")
     run_round(s, 1)
@@ -239,6 +282,11 @@ def test_configuration_errors() -> None:
         make("merged", adam={"small": ADAM})
     with pytest.raises(CodistConfigError, match="alpha"):
         make("merged", alpha=2.0)
+    with pytest.raises(CodistConfigError, match="codist-merge-start"):
+        make("merged", merge_start=ROUNDS + 1)
+    with pytest.raises(CodistConfigError, match="codist-merge-start"):
+        make("periodic", merge_start=0)
+    make("periodic", merge_start=ROUNDS + 1)  # only MergedCodist reads it
     per_pool = make("merged", distill={"small": DISTILL, "large": dataclasses.replace(DISTILL, lr=0.0)})
     run_round(per_pool, 1)
     assert per_pool.report(1).groups["large"]["distill-lr"] == 0.0
