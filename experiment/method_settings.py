@@ -171,6 +171,13 @@ class CodistGroup(SettingsGroup):
         "(alpha = 1, no distillation); 1 = every round (the paper's Algorithm 2).",
         json_schema_extra=_readers(modes=("merged",)),
     )
+    codist_moment_reset: int = Field(
+        0,
+        ge=0,
+        description="Reset every pool's FedAdam moments after every codist-moment-reset-th round (0 = never); "
+        "a control, not in the paper: PeriodicCodist's reset after each distillation, without the distillation.",
+        json_schema_extra=_readers(modes=("merged", "fedavg")),
+    )
     codist_period: int = Field(
         5,
         ge=1,

@@ -34,6 +34,11 @@ softmaxes (for two pools exactly the paper's).
   codistillation cost for specific rounds"); a diagnosis of when distillation should start.
 * **fedavg**: per-pool FedAvg/FedAdam only (the paper's baseline).
 
+``moment_reset = r > 0`` (MergedCodist and FedAvg only; not in the paper) resets every pool's
+FedAdam moments and step count after the update of every round ``t`` with ``t % r == 0``: the
+reset Algorithm 1 makes after each periodic distillation, without the distillation.  A control
+that separates Algorithm 1's optimizer reset from its knowledge transfer (issue 19, C7 / C8).
+
 Sign convention
 ---------------
 The paper (FedJAX) writes pseudo-gradients as descent directions,
@@ -238,7 +243,9 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
     * ``theta_i^{t+1}`` = :func:`~strategies.fedadam.fedadam_step` with ``eta`` =
       :func:`linear_decay` of the pool's ``eta`` (when ``server_lr_decay``);
     * ``periodic`` and ``t % period == 0``: distill every pool from copies of the others
-      (all taken after this round's FedAdam updates), replace, reset every FedAdam state.
+      (all taken after this round's FedAdam updates), replace, reset every FedAdam state;
+    * ``merged`` / ``fedavg`` with ``moment_reset = r > 0`` and ``t % r == 0``: reset every
+      FedAdam state (no distillation).
 
     A pool without replies this round is not updated (no ``g_i`` to rescale by); it still
     teaches.  Per pool and round the report gets ``distill-seconds`` (server wall seconds of
@@ -269,6 +276,10 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         Algorithm 2): rounds before it apply the FedAvg update ``g`` alone (``alpha = 1``) and
         skip the distillation.  Reports ``merge-norm-ratio`` ``||delta|| / ||g||`` per pool in
         the rounds that merge.
+    moment_reset : int
+        ``r >= 0``: reset every pool's FedAdam state after every round ``t`` with ``t % r == 0``
+        (0 = never).  MergedCodist and FedAvg only: PeriodicCodist already resets after each
+        distillation (Algorithm 1), so a non-zero value with ``mode="periodic"`` is an error.
     period : int
         PeriodicCodist's ``p`` (paper: 200).
     adam : FedAdamConfig or Mapping[str, FedAdamConfig]
@@ -300,6 +311,7 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         mode: Mode = "merged",
         alpha: float = 0.5,
         merge_start: int = 1,
+        moment_reset: int = 0,
         period: int = 200,
         adam: FedAdamConfig | Mapping[str, FedAdamConfig] | None = None,
         distill: DistillConfig | Mapping[str, DistillConfig] | None = None,
@@ -322,6 +334,12 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
                 f"merge_start (codist-merge-start) must be a round in 1..{num_rounds} (the run's rounds), "
                 f"got {merge_start}; a run that never distills is mode 'fedavg'"
             )
+        if moment_reset < 0 or (mode == "periodic" and moment_reset > 0):
+            raise CodistConfigError(
+                f"moment_reset (codist-moment-reset) must be >= 0 and is read by modes merged and fedavg only, "
+                f"got {moment_reset} with mode {mode!r}; PeriodicCodist resets after each distillation "
+                "(every codist-period rounds): set codist-moment-reset = 0"
+            )
         if mode != "fedavg":
             if len(catalog) < 2:
                 raise CodistConfigError(f"co-distillation ({mode}) needs at least two pools, got {catalog.names()}")
@@ -336,6 +354,7 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         self.mode: Mode = mode
         self.alpha = alpha
         self.merge_start = merge_start
+        self.moment_reset = moment_reset
         self.period = period
         self.adam_cfg = _per_pool(adam if adam is not None else CODIST_FEDADAM, self.pools, "adam")
         self.distill_cfg = _per_pool(distill if distill is not None else DistillConfig(), self.pools, "distill")
@@ -462,6 +481,10 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
             for state in self.adam.values():
                 state.reset()
             log(INFO, "PeriodicCodist round %d: co-distilled %s, FedAdam moments reset", server_round, self.pools)
+        elif self.moment_reset and server_round % self.moment_reset == 0:
+            for state in self.adam.values():
+                state.reset()
+            log(INFO, "CoDistillation (%s) round %d: FedAdam moments reset", self.mode, server_round)
         log(INFO, "CoDistillation (%s) round %d: clients per pool %s", self.mode, server_round, dict(counts))
 
     def method_state(self) -> dict[str, Any]:
@@ -480,11 +503,12 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         """Log the mode and its settings, then the base summary."""
         log(
             INFO,
-            "\t├──> co-distillation mode %s (alpha %.3g from round %d, period %d, %s), %d rounds",
+            "\t├──> co-distillation mode %s (alpha %.3g from round %d, period %d, reset every %d, %s), %d rounds",
             self.mode,
             self.alpha,
             self.merge_start,
             self.period,
+            self.moment_reset,
             self.membership,
             self.num_rounds,
         )
@@ -515,6 +539,7 @@ def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> CoD
         mode=parse_mode(entry.mode),
         alpha=own.codist_alpha,
         merge_start=own.codist_merge_start,
+        moment_reset=own.codist_moment_reset,
         period=own.codist_period,
         adam=server_adam_per_pool(cfg),
         distill=DistillConfig(

@@ -192,6 +192,39 @@ def test_merged_before_merge_start_is_fedavg_then_merges() -> None:
         assert s.report(3).groups[pool]["distill-seconds"] > 0.0
 
 
+def test_moment_reset_resets_fedadam_every_r_rounds_without_distilling() -> None:
+    """``moment_reset = 2``: after rounds 2 and 4 every pool's FedAdam state is empty, the models are
+    FedAvg's (no distillation), and round 3 steps from fresh moments: bit for bit a FedAvg twin whose
+    states were reset by hand."""
+    for mode in ("fedavg", "merged"):
+        s = make(mode, moment_reset=2, **({"alpha": 1.0} if mode == "merged" else {}))
+        twin = make("fedavg")
+        for r in range(1, ROUNDS + 1):
+            run_round(s, r)
+            run_round(twin, r)
+            if r % 2 == 0:
+                assert all(st.step == 0 and not st.m and not st.v for st in s.adam.values())
+                for st in twin.adam.values():
+                    st.reset()
+            else:
+                assert all(st.step == 1 for st in s.adam.values())
+            assert_states_equal(s.state, twin.state)
+    plain = make("fedavg")
+    for r in (1, 2, 3):
+        run_round(plain, r)
+    assert all(st.step == 3 for st in plain.adam.values())  # 0 = never
+
+
+def test_merged_with_moment_reset_still_merges() -> None:
+    """MergedCodist with resets distills every round as Algorithm 2; only the optimizer state differs."""
+    s, twin = make("merged", alpha=0.25, moment_reset=1), make("merged", alpha=0.25)
+    run_round(s, 1)
+    run_round(twin, 1)
+    assert_states_equal(s.state, twin.state)  # round 1: identical update, reset only after it
+    assert s.report(1).groups["large"]["distill-seconds"] > 0.0
+    assert s.adam["large"].step == 0 and twin.adam["large"].step == 1
+
+
 def test_norm_ratio_on_exact_numbers() -> None:
     g = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([0.0])}  # ||g|| = 5
     delta = {"a": torch.tensor([0.0, 6.0]), "b": torch.tensor([8.0]), "extra": torch.tensor([99.0])}  # 10 on g's keys
@@ -283,6 +316,10 @@ def test_configuration_errors() -> None:
     with pytest.raises(CodistConfigError, match="codist-merge-start"):
         make("periodic", merge_start=0)
     make("periodic", merge_start=ROUNDS + 1)  # only MergedCodist reads it
+    with pytest.raises(CodistConfigError, match="codist-moment-reset"):
+        make("periodic", moment_reset=2)
+    with pytest.raises(CodistConfigError, match="codist-moment-reset"):
+        make("merged", moment_reset=-1)
     per_pool = make("merged", distill={"small": DISTILL, "large": dataclasses.replace(DISTILL, lr=0.0)})
     run_round(per_pool, 1)
     assert per_pool.report(1).groups["large"]["distill-lr"] == 0.0
