@@ -3,12 +3,13 @@
 Usage::
 
     python -m deploy.experiments SUITE [--preset cpu|paper] [--seeds N] [--first-seed S] [--out DIR]
-                                       [--only LABEL ...] [--lock FILE] [--archive]
+                                       [--only LABEL ...] [--with-controls] [--lock FILE] [--archive]
                                        [--dry-run | --report-only]
     python -m deploy.experiments --list
 
 A *suite* (``deploy/suites/<name>.toml``) is data: a list of runs (one table row each: a label,
-an optional run-config file from ``deploy/configs/`` and ``key = value`` overrides) and presets
+an optional run-config file from ``deploy/configs/`` and ``key = value`` overrides; ``control =
+true`` marks a diagnosis control that runs only with ``--only`` or ``--with-controls``) and presets
 (``cpu``: sized for a 2-core machine, minutes to an hour; ``paper``: the papers' models, clients and
 rounds). Every run of every seed goes through :func:`deploy.launch.run_simulation`, one after the
 other; a run whose results folder already holds a ``summary.csv`` written for the same run config
@@ -75,12 +76,17 @@ class SuiteRun:
         Run-config TOML file (flat ``key = value``), e.g. ``deploy/configs/cnn-heterofl-a-e.toml``.
     overrides : Mapping[str, Scalar]
         Run-config keys that define the variant (``method``, ``beta``, ``tier-proportions``, ...).
+    control : bool
+        A diagnosis control, not a paper row (``control = true``): planned only when named by
+        ``--only`` or with ``--with-controls``, so that the preset's own runs keep their time
+        budget; ``--report-only`` reads it wherever it finished.
 
     """
 
     label: str
     config: Path | None = None
     overrides: Mapping[str, Scalar] = field(default_factory=dict)
+    control: bool = False
 
 
 @dataclass(frozen=True)
@@ -210,11 +216,14 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         at = f"{where} runs[{i}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("label"), str) or not raw["label"]:
             raise SuiteError(f"{at}: needs a non-empty 'label'")
-        extra = sorted(set(raw) - {"label", "config", "overrides"})
+        extra = sorted(set(raw) - {"label", "config", "overrides", "control"})
         if extra:
             raise SuiteError(f"{at}: unknown keys {extra}")
+        control = raw.get("control", False)
+        if not isinstance(control, bool):
+            raise SuiteError(f"{at}.control: expected true or false, got {control!r}")
         cfg = config_path(raw["config"], at) if "config" in raw else default_config
-        runs.append(SuiteRun(raw["label"], cfg, _scalars(raw.get("overrides", {}), f"{at}.overrides")))
+        runs.append(SuiteRun(raw["label"], cfg, _scalars(raw.get("overrides", {}), f"{at}.overrides"), control))
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
         raise SuiteError(f"{where}: run labels must be unique, got {labels}")
@@ -328,18 +337,26 @@ def plan_runs(
     only: Sequence[str] = (),
     first_seed: int | None = None,
     gpus_per_client: float | None = None,
+    with_controls: bool = False,
 ) -> list[PlannedRun]:
     """Every (run, seed) of ``suite`` under ``preset``, seed-major (all labels of seed 1 first).
 
     Seeds are ``first_seed, first_seed + 1, ...`` (default: the preset's ``first-seed``);
-    ``gpus_per_client`` replaces the preset's GPU share.
+    ``gpus_per_client`` replaces the preset's GPU share.  Control rows
+    (:attr:`SuiteRun.control`) are planned when ``only`` names them or ``with_controls``.
     Seed-major order makes a suite that is stopped early still give every label the same number
     of seeds.
     """
     if preset not in suite.presets:
         raise SuiteError(f"suite {suite.name!r} has no preset {preset!r} (has {sorted(suite.presets)})")
     p = suite.presets[preset]
-    runs = [r for r in suite.runs if not only or r.label in only or slug(r.label) in only]
+
+    def planned_row(run: SuiteRun) -> bool:
+        if only:
+            return run.label in only or slug(run.label) in only
+        return with_controls or not run.control
+
+    runs = [r for r in suite.runs if planned_row(r)]
     if only and not runs:
         raise SuiteError(f"--only {list(only)} matches no run of {suite.name!r}: {[r.label for r in suite.runs]}")
     planned = []
@@ -434,6 +451,7 @@ def run_suite(
     check: bool = True,
     archive: Path | None = None,
     copy_to_archive: bool = True,
+    with_controls: bool = False,
 ) -> tuple[list[RunResult], list[PlannedRun]]:
     """Launch every planned run that is not done yet; return the finished runs' results and the failures.
 
@@ -445,7 +463,8 @@ def run_suite(
     A run done in both is read from ``out`` and its record replaces the archived one. An
     ``archive`` that is ``out`` itself is ignored. A finished run that cannot be archived (a
     record file missing) is reported and the suite goes on. ``copy_to_archive=False`` (``--dry-run``)
-    reads the archive but writes nothing to it.
+    reads the archive but writes nothing to it.  ``with_controls``: plan the control rows too
+    (:func:`plan_runs`).
     """
     runs_dir = out / "runs"
     kept = None if archive is None or archive.resolve() == out.resolve() else archive / "runs"
@@ -457,7 +476,7 @@ def run_suite(
                 return where / pr.run_name
         return None
 
-    planned = plan_runs(suite, preset, seeds, only, first_seed, gpus_per_client)
+    planned = plan_runs(suite, preset, seeds, only, first_seed, gpus_per_client, with_controls)
     if check:
         check_runs([pr for pr in planned if finished(pr) is None])
     done: list[RunResult] = []
@@ -523,6 +542,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--only", action="append", default=[], help="run only this label (repeatable)")
     parser.add_argument(
+        "--with-controls",
+        action="store_true",
+        help="also run the suite's control rows (control = true: diagnosis controls outside the preset's "
+        "budget; --only names them one by one; --report-only always reads them)",
+    )
+    parser.add_argument(
         "--metric",
         default=None,
         help="report this per-tier metric of rounds.jsonl instead of the suite's (e.g. local-accuracy-inverted: one "
@@ -567,6 +592,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
             gpus_per_client=args.gpus_per_client, check=not args.report_only,
             archive=archive_folder(suite.name, args.preset) if args.archive else None, copy_to_archive=not args.dry_run,
+            with_controls=args.with_controls or args.report_only,
         )  # fmt: skip
     except SuiteError as exc:
         print(f"pre-flight failed, nothing was started: {exc}", file=sys.stderr)

@@ -211,6 +211,20 @@ def test_plan_precedence_file_preset_run_seed(tmp_path: Path) -> None:
         ex.plan_runs(suite, "cpu", 1, only=["nope"])
 
 
+def test_control_rows_run_only_when_named_or_asked_for(tmp_path: Path) -> None:
+    doc = {
+        "presets": {"cpu": {"supernodes": 2}},
+        "runs": [{"label": "a"}, {"label": "a control", "control": True}, {"label": "b", "control": False}],
+    }
+    suite = ex.parse_suite("s", doc, base=tmp_path)
+    assert [r.control for r in suite.runs] == [False, True, False]
+    assert [p.label for p in ex.plan_runs(suite, "cpu", 1)] == ["a", "b"]  # the preset's own rows
+    assert [p.label for p in ex.plan_runs(suite, "cpu", 1, with_controls=True)] == ["a", "a control", "b"]
+    assert [p.label for p in ex.plan_runs(suite, "cpu", 1, only=["a-control"])] == ["a control"]
+    with pytest.raises(SuiteError, match=r"runs\[0\]\.control: expected true or false"):
+        ex.parse_suite("s", {**doc, "runs": [{"label": "a", "control": "yes"}]}, base=tmp_path)
+
+
 def test_first_seed_from_the_preset_or_the_caller(tmp_path: Path) -> None:
     doc = {"presets": {"tune": {"supernodes": 2, "first-seed": 44}}, "runs": [{"label": "a"}]}
     suite = ex.parse_suite("s", doc, base=tmp_path)
