@@ -478,14 +478,17 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
         self.state = new
         if self.mode == "periodic" and server_round % self.period == 0:
             self.state = {**self.state, **self.codistill(server_round, self.state, self.pools)}
-            for state in self.adam.values():
-                state.reset()
+            self.reset_moments()
             log(INFO, "PeriodicCodist round %d: co-distilled %s, FedAdam moments reset", server_round, self.pools)
         elif self.moment_reset and server_round % self.moment_reset == 0:
-            for state in self.adam.values():
-                state.reset()
+            self.reset_moments()
             log(INFO, "CoDistillation (%s) round %d: FedAdam moments reset", self.mode, server_round)
         log(INFO, "CoDistillation (%s) round %d: clients per pool %s", self.mode, server_round, dict(counts))
+
+    def reset_moments(self) -> None:
+        """Forget every pool's FedAdam moments and step count (Algorithm 1's reset)."""
+        for state in self.adam.values():
+            state.reset()
 
     def method_state(self) -> dict[str, Any]:
         """Checkpointed method state: every pool's FedAdam moments and step count.
