@@ -194,8 +194,8 @@ def test_merged_before_merge_start_is_fedavg_then_merges() -> None:
 
 def test_moment_reset_resets_fedadam_every_r_rounds_without_distilling() -> None:
     """``moment_reset = 2``: after rounds 2 and 4 every pool's FedAdam state is empty, the models are
-    FedAvg's (no distillation), and round 3 steps from fresh moments: bit for bit a FedAvg twin whose
-    states were reset by hand."""
+    FedAvg's (MergedCodist at alpha = 1: its distillation runs but weighs nothing), and round 3 steps
+    from fresh moments: bit for bit a FedAvg twin whose states were reset by hand."""
     for mode in ("fedavg", "merged"):
         s = make(mode, moment_reset=2, **({"alpha": 1.0} if mode == "merged" else {}))
         twin = make("fedavg")
