@@ -3,15 +3,20 @@
 Usage::
 
     python -m deploy.experiments SUITE [--preset cpu|paper] [--seeds N] [--first-seed S] [--out DIR]
-                                       [--only LABEL ...] [--with-controls] [--lock FILE] [--archive]
+                                       [--part NAME ... | --only LABEL ...] [--with-controls]
+                                       [--lock FILE] [--archive]
                                        [--dry-run | --report-only]
     python -m deploy.experiments --list
 
 A *suite* (``deploy/suites/<name>.toml``) is data: a list of runs (one table row each: a label,
 an optional run-config file from ``deploy/configs/`` and ``key = value`` overrides; ``control =
-true`` marks a diagnosis control that runs only with ``--only`` or ``--with-controls``) and presets
-(``cpu``: sized for a 2-core machine, minutes to an hour; ``paper``: the papers' models, clients and
-rounds). Every run of every seed goes through :func:`deploy.launch.run_simulation`, one after the
+true`` marks a diagnosis control that runs only with ``--only`` or ``--with-controls``), presets
+(``cpu``: sized for a 2-core machine, at most 2 hours; ``paper``: the papers' models, clients and
+rounds) and optional *parts* (``[parts.<name>]``: named groups of rows, each the rows of one or a
+few claims).  A suite whose rows together take longer than a cpu preset's 2-hour budget declares
+parts that each fit it, and that preset (``in-parts = true``) runs one part per call (``--part
+NAME``); a part's rows that another part ran already are skipped (same run folder), so running
+every part runs every row once. Every run of every seed goes through :func:`deploy.launch.run_simulation`, one after the
 other; a run whose results folder already holds a ``summary.csv`` written for the same run config
 is skipped, so an interrupted suite resumes where it stopped.
 
@@ -90,6 +95,27 @@ class SuiteRun:
 
 
 @dataclass(frozen=True)
+class Part:
+    """A named group of a suite's rows, run in one call (``--part NAME``).
+
+    Parameters
+    ----------
+    name : str
+        The part's name (the key of ``[parts.<name>]``).
+    rows : tuple[str, ...]
+        Labels of the suite's rows it runs (parts may share rows: a row already finished under
+        the same results folder is skipped, so each row runs once).
+    notes : str
+        Which claims the part measures and its wall time on the cpu preset.
+
+    """
+
+    name: str
+    rows: tuple[str, ...]
+    notes: str = ""
+
+
+@dataclass(frozen=True)
 class Preset:
     """How large a suite's runs are.
 
@@ -115,6 +141,9 @@ class Preset:
     first_seed : int
         Seed of the first of ``seeds`` (``first-seed``; e.g. tuning runs on seeds disjoint from
         the ones a table reports).
+    in_parts : bool
+        ``in-parts = true``: the suite's rows together exceed this preset's time budget, so it
+        runs one of the suite's parts per call (``--part``) and refuses to start whole.
 
     """
 
@@ -127,6 +156,7 @@ class Preset:
     timeout_s: float = 3600.0
     first_seed: int = BASE_SEED
     gpus_per_client: float = 0.0
+    in_parts: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +177,9 @@ class Suite:
     claims : tuple[Claim, ...]
         The paper's claims the suite tests, each a paired comparison of two runs
         (:mod:`deploy.claims`); the report gives each its paired difference and verdict.
+    parts : Mapping[str, Part]
+        Named groups of rows, for a suite too long to run in one call; empty when the suite runs
+        whole.  Declared parts cover every row that is not a control.
 
     """
 
@@ -157,6 +190,25 @@ class Suite:
     runs: tuple[SuiteRun, ...]
     presets: Mapping[str, Preset]
     claims: tuple[Claim, ...] = ()
+    parts: Mapping[str, Part] = field(default_factory=dict)
+
+    def rows_of_parts(self, names: Sequence[str]) -> list[str]:
+        """The labels of the parts ``names``, in the suite's row order.
+
+        Raises
+        ------
+        SuiteError
+            Naming an unknown part and the suite's parts.
+
+        """
+        unknown = [n for n in names if n not in self.parts]
+        if unknown:
+            raise SuiteError(
+                f"suite {self.name!r} has no part {', '.join(map(repr, unknown))} "
+                f"(has {', '.join(self.parts) or 'none'})"
+            )
+        wanted = {label for n in names for label in self.parts[n].rows}
+        return [r.label for r in self.runs if r.label in wanted]
 
 
 def _scalars(table: object, where: str) -> dict[str, Scalar]:
@@ -192,7 +244,7 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
 
     """
     where = f"suite {name!r}"
-    known = {"description", "paper", "metric", "config", "presets", "runs", "claims"}
+    known = {"description", "paper", "metric", "config", "presets", "runs", "claims", "parts"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise SuiteError(f"{where}: unknown keys {unknown} (expected {sorted(known)})")
@@ -236,7 +288,8 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         if not isinstance(raw, dict) or not isinstance(raw.get("supernodes"), int) or raw["supernodes"] < 1:
             raise SuiteError(f"{at}: needs 'supernodes' (a positive integer)")
         known = {
-            "supernodes", "seeds", "first-seed", "overrides", "notes", "cpus-per-client", "gpus-per-client", "timeout-s"
+            "supernodes", "seeds", "first-seed", "overrides", "notes", "cpus-per-client", "gpus-per-client",
+            "timeout-s", "in-parts",
         }  # fmt: skip
         extra = sorted(set(raw) - known)
         if extra:
@@ -244,6 +297,9 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         seeds = raw.get("seeds", 3)
         if not isinstance(seeds, int) or seeds < 1:
             raise SuiteError(f"{at}.seeds: expected a positive integer, got {seeds!r}")
+        in_parts = raw.get("in-parts", False)
+        if not isinstance(in_parts, bool):
+            raise SuiteError(f"{at}.in-parts: expected true or false, got {in_parts!r}")
         first_seed = raw.get("first-seed", BASE_SEED)
         if not isinstance(first_seed, int) or isinstance(first_seed, bool) or first_seed < 0:
             raise SuiteError(f"{at}.first-seed: expected an integer >= 0, got {first_seed!r}")
@@ -257,11 +313,16 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
             timeout_s=float(raw.get("timeout-s", 3600.0)),
             first_seed=first_seed,
             gpus_per_client=_non_negative(raw.get("gpus-per-client", 0.0), f"{at}.gpus-per-client"),
+            in_parts=in_parts,
         )
     try:
         claims = parse_claims(data.get("claims"), where, labels)
     except ClaimError as exc:
         raise SuiteError(str(exc)) from exc
+    parts = _parse_parts(data.get("parts", {}), where, runs)
+    parted = [p.name for p in presets.values() if p.in_parts]
+    if parted and not parts:
+        raise SuiteError(f"{where}: presets {parted} set in-parts = true but the suite declares no [parts.<name>]")
     return Suite(
         name=name,
         description=str(data.get("description", "")),
@@ -270,7 +331,46 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         runs=tuple(runs),
         presets=presets,
         claims=claims,
+        parts=parts,
     )
+
+
+def _parse_parts(raw_parts: object, where: str, runs: Sequence[SuiteRun]) -> dict[str, Part]:
+    """``[parts.<name>]`` tables (``rows``: labels of the suite's runs; ``notes``) as :class:`Part`.
+
+    Raises
+    ------
+    SuiteError
+        On a malformed part, a label that is no row of the suite, or a row that is not a control
+        and belongs to no part (it could then only run by ``--only``).
+
+    """
+    if not isinstance(raw_parts, dict):
+        raise SuiteError(f"{where}.parts: expected [parts.<name>] tables, got {raw_parts!r}")
+    labels = [r.label for r in runs]
+    parts: dict[str, Part] = {}
+    for pname, raw in raw_parts.items():
+        at = f"{where} parts.{pname}"
+        if not isinstance(raw, dict):
+            raise SuiteError(f"{at}: expected a table with 'rows' and 'notes'")
+        extra = sorted(set(raw) - {"rows", "notes"})
+        if extra:
+            raise SuiteError(f"{at}: unknown keys {extra} (expected ['notes', 'rows'])")
+        rows = raw.get("rows")
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, str) for r in rows):
+            raise SuiteError(f"{at}.rows: expected a non-empty list of run labels, got {rows!r}")
+        missing = [r for r in rows if r not in labels]
+        if missing:
+            raise SuiteError(f"{at}.rows: {missing} are not labels of this suite's runs ({labels})")
+        parts[pname] = Part(pname, tuple(rows), str(raw.get("notes", "")))
+    if parts:
+        covered = {label for part in parts.values() for label in part.rows}
+        orphans = [r.label for r in runs if not r.control and r.label not in covered]
+        if orphans:
+            raise SuiteError(
+                f"{where}.parts: rows {orphans} belong to no part; add them to one (or mark them control = true)"
+            )
+    return parts
 
 
 def _non_negative(value: object, at: str) -> float:
@@ -542,6 +642,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--only", action="append", default=[], help="run only this label (repeatable)")
     parser.add_argument(
+        "--part",
+        action="append",
+        default=[],
+        help="run only this part's rows (repeatable; a preset with in-parts = true runs one of its suite's "
+        "[parts.NAME] per call: --list shows them)",
+    )
+    parser.add_argument(
         "--with-controls",
         action="store_true",
         help="also run the suite's control rows (control = true: diagnosis controls outside the preset's "
@@ -570,10 +677,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in available_suites():
             s = load_suite(name)
             print(f"{name:26s} presets {', '.join(s.presets)}; {len(s.runs)} runs: {s.description}")
+            for part in s.parts.values():
+                print(f"{'':26s}   --part {part.name}: {'; '.join(part.rows)}")
         return 0
     suite = load_suite(args.suite)
     if args.preset not in suite.presets:
         parser.error(f"suite {suite.name!r} has no preset {args.preset!r} (has {', '.join(suite.presets)})")
+    only: list[str] = list(args.only)
+    if args.part and args.only:
+        parser.error("--part and --only both choose rows: give one of them")
+    if args.part:
+        try:
+            only = suite.rows_of_parts(args.part)
+        except SuiteError as exc:
+            parser.error(str(exc))
+    elif suite.presets[args.preset].in_parts and not only and not (args.dry_run or args.report_only):
+        parser.error(
+            f"suite {suite.name!r} runs its {args.preset!r} preset one part per call (its rows together exceed the "
+            "preset's time budget): "
+            + "; ".join(f"--part {p.name} ({', '.join(p.rows)})" for p in suite.parts.values())
+            + " (or --only LABEL)"
+        )
     seeds = args.seeds or suite.presets[args.preset].seeds
     out = (args.out or ROOT / "results" / "experiments" / f"{suite.name}-{args.preset}").resolve()
     report_dir = out
@@ -588,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{exc} (--gpus-per-client 0 overrides the preset's {gpus:g})")
     try:
         results, failed = run_suite(
-            suite, args.preset, seeds=seeds, out=out, only=args.only, lock=args.lock, echo=args.echo,
+            suite, args.preset, seeds=seeds, out=out, only=only, lock=args.lock, echo=args.echo,
             dry_run=args.dry_run or args.report_only, show_config=not args.report_only, first_seed=args.first_seed,
             gpus_per_client=args.gpus_per_client, check=not args.report_only,
             archive=archive_folder(suite.name, args.preset) if args.archive else None, copy_to_archive=not args.dry_run,

@@ -225,6 +225,55 @@ def test_control_rows_run_only_when_named_or_asked_for(tmp_path: Path) -> None:
         ex.parse_suite("s", {**doc, "runs": [{"label": "a", "control": "yes"}]}, base=tmp_path)
 
 
+def test_parts_group_rows_and_cover_every_row_that_is_not_a_control(tmp_path: Path) -> None:
+    doc = {
+        "presets": {"cpu": {"supernodes": 2}},
+        "runs": [{"label": "a"}, {"label": "b"}, {"label": "c"}, {"label": "d", "control": True}],
+        "parts": {"ab": {"rows": ["b", "a"], "notes": "claim 1"}, "bc": {"rows": ["c", "b"]}},
+    }
+    suite = ex.parse_suite("s", doc, base=tmp_path)
+    assert suite.parts["ab"] == ex.Part("ab", ("b", "a"), "claim 1")
+    assert suite.rows_of_parts(["ab"]) == ["a", "b"]  # the suite's row order
+    assert suite.rows_of_parts(["bc", "ab"]) == ["a", "b", "c"]  # a shared row once
+    assert [p.label for p in ex.plan_runs(suite, "cpu", 1, only=suite.rows_of_parts(["bc"]))] == ["b", "c"]
+    with pytest.raises(SuiteError, match="has no part 'x' \\(has ab, bc\\)"):
+        suite.rows_of_parts(["x"])
+    with pytest.raises(SuiteError, match=r"rows \['c'\] belong to no part"):
+        ex.parse_suite("s", {**doc, "parts": {"ab": {"rows": ["a", "b"]}}}, base=tmp_path)
+    with pytest.raises(SuiteError, match=r"parts.ab.rows: \['e'\] are not labels"):
+        ex.parse_suite("s", {**doc, "parts": {"ab": {"rows": ["a", "b", "c", "e"]}}}, base=tmp_path)
+    with pytest.raises(SuiteError, match=r"parts.ab: unknown keys \['seeds'\]"):
+        ex.parse_suite("s", {**doc, "parts": {"ab": {"rows": ["a", "b", "c"], "seeds": 3}}}, base=tmp_path)
+
+
+def test_a_suite_with_parts_runs_one_part_per_call(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "parted.toml"
+    path.write_text(
+        'description = "d"\n[presets.cpu]\nsupernodes = 3\nnotes = "n"\nin-parts = true\n'
+        '[presets.big]\nsupernodes = 3\nnotes = "n"\n'
+        '[[runs]]\nlabel = "a"\n[[runs]]\nlabel = "b"\n'
+        '[parts.first]\nrows = ["a"]\n[parts.second]\nrows = ["b"]\n'
+    )
+    out = ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit):  # the whole suite is over the cpu budget: the error names the parts
+        ex.main([str(path), *out])
+    assert "--part first (a); --part second (b)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ex.main([str(path), "--part", "third", *out])
+    assert "has no part 'third'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ex.main([str(path), "--part", "first", "--only", "b", *out])
+    assert ex.main([str(path), "--part", "second", "--dry-run", "--seeds", "1", *out]) == 0
+    plan = capsys.readouterr().out
+    assert "b seed 42" in plan and "a seed 42" not in plan
+    assert ex.main([str(path), "--preset", "big", "--dry-run", "--seeds", "1", *out]) == 0  # a preset run whole
+    plan = capsys.readouterr().out
+    assert "a seed 42" in plan and "b seed 42" in plan
+    assert ex.main([str(path), "--dry-run", "--seeds", "1", *out]) == 0  # a plan or a report is never refused
+    with pytest.raises(SuiteError, match=r"presets \['cpu'\] set in-parts = true but the suite declares no"):
+        ex.parse_suite("s", {"presets": {"cpu": {"supernodes": 2, "in-parts": True}}, "runs": [{"label": "a"}]})
+
+
 def test_first_seed_from_the_preset_or_the_caller(tmp_path: Path) -> None:
     doc = {"presets": {"tune": {"supernodes": 2, "first-seed": 44}}, "runs": [{"label": "a"}]}
     suite = ex.parse_suite("s", doc, base=tmp_path)
