@@ -55,6 +55,7 @@ from deploy.launch import check_gpus_per_client, run_simulation
 from deploy.locks import file_lock
 from deploy.overrides import merge_overrides, parse_pairs, run_config_pairs
 from deploy.reports import RunResult, read_run, write_report
+from deploy.suite_parts import Part, SuiteError, parse_parts
 
 SUITES_DIR = ROOT / "deploy" / "suites"
 #: ``seed`` of a suite's first seed unless its preset says otherwise; seed ``i`` (0-based) runs
@@ -62,10 +63,6 @@ SUITES_DIR = ROOT / "deploy" / "suites"
 BASE_SEED = 42
 
 Scalar = str | int | float | bool
-
-
-class SuiteError(ValueError):
-    """A suite file is malformed (the message names the file and the key)."""
 
 
 # --------------------------------------------------------------------------------- suite data
@@ -92,27 +89,6 @@ class SuiteRun:
     config: Path | None = None
     overrides: Mapping[str, Scalar] = field(default_factory=dict)
     control: bool = False
-
-
-@dataclass(frozen=True)
-class Part:
-    """A named group of a suite's rows, run in one call (``--part NAME``).
-
-    Parameters
-    ----------
-    name : str
-        The part's name (the key of ``[parts.<name>]``).
-    rows : tuple[str, ...]
-        Labels of the suite's rows it runs (parts may share rows: a row already finished under
-        the same results folder is skipped, so each row runs once).
-    notes : str
-        Which claims the part measures and its wall time on the cpu preset.
-
-    """
-
-    name: str
-    rows: tuple[str, ...]
-    notes: str = ""
 
 
 @dataclass(frozen=True)
@@ -319,7 +295,7 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         claims = parse_claims(data.get("claims"), where, labels)
     except ClaimError as exc:
         raise SuiteError(str(exc)) from exc
-    parts = _parse_parts(data.get("parts", {}), where, runs)
+    parts = parse_parts(data.get("parts", {}), where, labels, {r.label for r in runs if r.control})
     parted = [p.name for p in presets.values() if p.in_parts]
     if parted and not parts:
         raise SuiteError(f"{where}: presets {parted} set in-parts = true but the suite declares no [parts.<name>]")
@@ -333,44 +309,6 @@ def parse_suite(name: str, data: Mapping[str, Any], *, base: Path = ROOT) -> Sui
         claims=claims,
         parts=parts,
     )
-
-
-def _parse_parts(raw_parts: object, where: str, runs: Sequence[SuiteRun]) -> dict[str, Part]:
-    """``[parts.<name>]`` tables (``rows``: labels of the suite's runs; ``notes``) as :class:`Part`.
-
-    Raises
-    ------
-    SuiteError
-        On a malformed part, a label that is no row of the suite, or a row that is not a control
-        and belongs to no part (it could then only run by ``--only``).
-
-    """
-    if not isinstance(raw_parts, dict):
-        raise SuiteError(f"{where}.parts: expected [parts.<name>] tables, got {raw_parts!r}")
-    labels = [r.label for r in runs]
-    parts: dict[str, Part] = {}
-    for pname, raw in raw_parts.items():
-        at = f"{where} parts.{pname}"
-        if not isinstance(raw, dict):
-            raise SuiteError(f"{at}: expected a table with 'rows' and 'notes'")
-        extra = sorted(set(raw) - {"rows", "notes"})
-        if extra:
-            raise SuiteError(f"{at}: unknown keys {extra} (expected ['notes', 'rows'])")
-        rows = raw.get("rows")
-        if not isinstance(rows, list) or not rows or not all(isinstance(r, str) for r in rows):
-            raise SuiteError(f"{at}.rows: expected a non-empty list of run labels, got {rows!r}")
-        missing = [r for r in rows if r not in labels]
-        if missing:
-            raise SuiteError(f"{at}.rows: {missing} are not labels of this suite's runs ({labels})")
-        parts[pname] = Part(pname, tuple(rows), str(raw.get("notes", "")))
-    if parts:
-        covered = {label for part in parts.values() for label in part.rows}
-        orphans = [r.label for r in runs if not r.control and r.label not in covered]
-        if orphans:
-            raise SuiteError(
-                f"{where}.parts: rows {orphans} belong to no part; add them to one (or mark them control = true)"
-            )
-    return parts
 
 
 def _non_negative(value: object, at: str) -> float:
