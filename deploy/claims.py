@@ -21,6 +21,12 @@ A claim about a *trend* -- a gain that shrinks from one setting to another -- na
 with the same mean, SE and verdict (e.g. co-distillation's gain over FedAvg with a small pool
 minus its gain with a large pool, Co-distillation Table 1).
 
+Side ``b`` (and ``d``) may be read on another tier or another per-round metric than side ``a``
+(and ``c``): e.g. DepthFL's deepest exit alone (``local-exit-deepest-accuracy``,
+:func:`deploy.reports.metric_value`) against another method's global model (``local-accuracy``),
+or a row's ensemble against its own deepest exit (``a = b``, two metrics of one run), which is how
+a claim's gap is traced to its cause.
+
 The functions are pure so they are tested on exact numbers.
 """
 
@@ -91,6 +97,10 @@ class Claim:
         The per-round metric compared when it is not the suite's (e.g. ``local-accuracy-inverted``,
         one input domain's accuracy, for a claim about transfer across domain-shifted pools);
         empty = the suite's metric.
+    metric_b : str
+        Row ``b``'s (and ``d``'s) metric when it differs from :attr:`metric` (DepthFL's
+        ``local-exit-deepest-accuracy`` against its ensemble's ``local-accuracy``); empty = :attr:`metric`.
+        To read ``b`` on the suite's metric while ``a`` reads another, name the suite's metric.
 
     """
 
@@ -107,6 +117,12 @@ class Claim:
     metric: str = ""
     c: str = ""
     d: str = ""
+    metric_b: str = ""
+
+    @property
+    def b_metric(self) -> str:
+        """The metric of row ``b`` (and ``d``) that is compared (empty = the suite's)."""
+        return self.metric_b or self.metric
 
     @property
     def b_tier(self) -> str:
@@ -118,10 +134,15 @@ class Claim:
         """Whether the claim compares two differences, ``(a - b) - (c - d)``."""
         return bool(self.c)
 
-    def rows(self) -> tuple[tuple[str, str], ...]:
-        """``(run label, tier)`` of the compared rows in the order ``a, b`` or ``a, b, c, d``."""
-        plain = ((self.a, self.tier), (self.b, self.b_tier))
-        return (*plain, (self.c, self.tier), (self.d, self.b_tier)) if self.is_trend else plain
+    def rows(self) -> tuple[tuple[str, str, str], ...]:
+        """``(run label, tier, metric)`` of the compared rows in the order ``a, b`` or ``a, b, c, d``."""
+        a_side, b_side = (self.tier, self.metric), (self.b_tier, self.b_metric)
+        plain = ((self.a, *a_side), (self.b, *b_side))
+        return (*plain, (self.c, *a_side), (self.d, *b_side)) if self.is_trend else plain
+
+    def metrics(self) -> tuple[str, ...]:
+        """The non-suite metrics the claim reads (what a run's reader must keep besides the suite's)."""
+        return tuple(dict.fromkeys(m for m in (self.metric, self.b_metric) if m))
 
     def compared(self) -> str:
         """The compared rows in words: ``a − b`` or ``(a − b) − (c − d)``."""
@@ -146,7 +167,7 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
         raise ClaimError(f"{where}: 'claims' must be a list of [[claims]] tables")
     claims = []
     known = {"label", "text", "a", "b", "c", "d", "tier", "tier-b", "statistic", "direction", "target", "paper",
-             "metric"}  # fmt: skip
+             "metric", "metric-b"}  # fmt: skip
     for i, entry in enumerate(raw):
         at = f"{where} claims[{i}]"
         if not isinstance(entry, dict):
@@ -169,7 +190,7 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
             statistic=str(entry.get("statistic", "final")), direction=str(entry.get("direction", "higher")),
             target=_number(entry.get("target", 0.0), f"{at}.target"), paper=str(entry.get("paper", "")),
             tier_b=str(entry.get("tier-b", "")), metric=str(entry.get("metric", "")),
-            c=str(entry.get("c", "")), d=str(entry.get("d", "")),
+            c=str(entry.get("c", "")), d=str(entry.get("d", "")), metric_b=str(entry.get("metric-b", "")),
         )  # fmt: skip
         if claim.statistic not in CLAIM_STATISTICS:
             raise ClaimError(f"{at}.statistic: expected one of {CLAIM_STATISTICS}, got {claim.statistic!r}")
@@ -261,10 +282,10 @@ def paired_difference(results: Sequence[_Run], claim: Claim) -> PairedDifference
     """
     by = {(r.label, r.seed): r for r in results}
     rows = claim.rows()
-    common = set.intersection(*({s for (label, s) in by if label == row} for row, _ in rows))
+    common = set.intersection(*({s for (label, s) in by if label == row} for row, _, _ in rows))
     seeds, diffs, censored, against = [], [], [], []
     for seed in sorted(common):
-        curves = [by[(row, seed)].tier_curves(claim.metric).get(tier) for row, tier in rows]
+        curves = [by[(row, seed)].tier_curves(metric).get(tier) for row, tier, metric in rows]
         if not all(curves):
             continue
         values = [claim_statistic(curve, claim) for curve in curves if curve]
@@ -323,9 +344,16 @@ def claims_markdown(claims: Sequence[Claim], results: Sequence[_Run], *, digits:
         if d.censored:
             value += f" (b or both {missed}, left out: seeds {', '.join(map(str, d.censored))})"
         want = "a higher" if c.direction == "higher" else "a lower"
-        tier = (c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}") + (f" ({c.metric})" if c.metric else "")
+        tier = (c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}") + _metrics_words(c)
         lines.append(
             f"| {c.label}: {c.text} | {c.compared()} | {tier}, {stat} ({want}) | {value} | {d.n} | "
             f"{verdict(d, c.direction)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _metrics_words(claim: Claim) -> str:
+    """`` (metric)`` when both sides read one non-suite metric, `` (a's − b's)`` when they differ."""
+    if claim.b_metric != claim.metric:
+        return f" ({claim.metric or 'suite metric'} − {claim.b_metric})"
+    return f" ({claim.metric})" if claim.metric else ""

@@ -558,7 +558,7 @@ def run_suite(
                     archive_run(record, kept / pr.run_name)
                 except ArchiveError as exc:
                     print(f"    not archived: {exc}", flush=True)
-            others = tuple(c.metric for c in suite.claims if c.metric)
+            others = tuple(dict.fromkeys(m for c in suite.claims for m in c.metrics()))
             done.append(read_run(record, label=pr.label, seed=pr.seed, metric=suite.metric, other_metrics=others))
     return done, failed
 

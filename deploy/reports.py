@@ -42,7 +42,8 @@ class RunResult:
         Tier order of the run's config (weakest first).
     other_curves : Mapping[str, Mapping[str, Mapping[int, float]]]
         ``other_curves[metric][tier][round]`` for the further metrics a suite's claims compare
-        (:attr:`deploy.claims.Claim.metric`), e.g. one input domain's accuracy.
+        (:attr:`deploy.claims.Claim.metric`, :attr:`~deploy.claims.Claim.metric_b`), e.g. one
+        input domain's accuracy or one exit's; the suite's metric too when a claim names it.
 
     """
 
@@ -62,14 +63,39 @@ class RunResult:
         return self.other_curves.get(metric, {}) if metric else self.curves
 
 
+#: A per-round metric that names no exit number: each tier's deepest exit alone (the highest ``i``
+#: of its ``<prefix>exit-<i>-accuracy``), so one claim reads exit 6 of a 6-layer run and exit 12 of
+#: a 12-layer one.
+DEEPEST_EXIT_SUFFIX = "exit-deepest-accuracy"
+
+
+def metric_value(values: Mapping[str, float], metric: str) -> float | None:
+    r"""One tier's value of ``metric`` in a ``rounds.jsonl`` row; None when the row lacks it.
+
+    ``<prefix>exit-deepest-accuracy`` (:data:`DEEPEST_EXIT_SUFFIX`) is ``<prefix>exit-<k>-accuracy``
+    with :math:`k = \max\{i\}` over the exits the tier recorded (a multi-exit model's last
+    classifier alone, :func:`models.exits.evaluate_exits`).
+    """
+    if not metric.endswith(DEEPEST_EXIT_SUFFIX):
+        value = values.get(metric)
+        return None if value is None else float(value)
+    prefix = metric[: -len(DEEPEST_EXIT_SUFFIX)] + "exit-"
+    exits = {
+        int(key[len(prefix) : -len("-accuracy")]): float(v)
+        for key, v in values.items()
+        if key.startswith(prefix) and key.endswith("-accuracy") and key[len(prefix) : -len("-accuracy")].isdigit()
+    }
+    return exits[max(exits)] if exits else None
+
+
 def read_run(folder: Path, *, label: str, seed: int, metric: str, other_metrics: Sequence[str] = ()) -> RunResult:
     """Read ``folder/rounds.jsonl`` (and ``config.json`` for the tier order) into a :class:`RunResult`.
 
     ``metric`` gives :attr:`RunResult.curves`; each of ``other_metrics`` (those a suite's claims
-    name) its entry of :attr:`RunResult.other_curves`.
+    name) its entry of :attr:`RunResult.other_curves`; each value is read by :func:`metric_value`.
     """
     curves: dict[str, dict[int, float]] = {}
-    others: dict[str, dict[str, dict[int, float]]] = {m: {} for m in other_metrics if m != metric}
+    others: dict[str, dict[str, dict[int, float]]] = {m: {} for m in other_metrics}
     seconds = 0.0
     for line in (folder / "rounds.jsonl").read_text().splitlines():
         if not line.strip():
@@ -77,12 +103,12 @@ def read_run(folder: Path, *, label: str, seed: int, metric: str, other_metrics:
         row = json.loads(line)
         seconds = float(row.get("elapsed", seconds))
         for tier, vals in row.get("tiers", {}).items():
-            value = vals.get(metric)
+            value = metric_value(vals, metric)
             if value is not None:
-                curves.setdefault(tier, {})[int(row["round"])] = float(value)
+                curves.setdefault(tier, {})[int(row["round"])] = value
             for other, by_tier in others.items():
-                if vals.get(other) is not None:
-                    by_tier.setdefault(tier, {})[int(row["round"])] = float(vals[other])
+                if (other_value := metric_value(vals, other)) is not None:
+                    by_tier.setdefault(tier, {})[int(row["round"])] = other_value
     tiers: tuple[str, ...] = ()
     cfg = folder / "config.json"
     if cfg.is_file():

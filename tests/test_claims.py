@@ -171,6 +171,45 @@ def test_a_claim_on_another_metric_pairs_that_metric() -> None:
     assert paired_difference(results, missing).n == 0
 
 
+def test_side_b_may_read_another_metric_of_the_same_or_another_run() -> None:
+    # DepthFL's shape: the ensemble (local-accuracy) vs the deepest exit (local-exit-6-accuracy).
+    # ensemble 0.79, 0.80, 0.78; exit 6: 0.81, 0.81, 0.80; other method 0.80, 0.80, 0.79
+    def depth(seed: int, ensemble: float, exit6: float) -> RunResult:
+        curves = {"strong": {20: ensemble}}
+        others = {"local-exit-6-accuracy": {"strong": {20: exit6}}, "local-accuracy": curves}
+        return RunResult("depthfl", seed, curves, other_curves=others)
+
+    results = [depth(1, 0.79, 0.81), depth(2, 0.80, 0.81), depth(3, 0.78, 0.80)]
+    results += [RunResult("incl", s, {"strong": {20: v}}, other_curves={"local-accuracy": {"strong": {20: v}}})
+                for s, v in ((1, 0.80), (2, 0.80), (3, 0.79))]  # fmt: skip
+    # own deepest exit: ensemble - exit 6 = -0.02, -0.01, -0.02 -> mean -0.016667, SE 0.003333
+    own = Claim("E", "the ensemble costs", "depthfl", "depthfl", "strong", direction="lower",
+                metric="local-accuracy", metric_b="local-exit-6-accuracy")  # fmt: skip
+    d = paired_difference(results, own)
+    assert d.differences == pytest.approx((-0.02, -0.01, -0.02))
+    assert d.mean == pytest.approx(-0.05 / 3) and d.se == pytest.approx(0.01 / 3)
+    assert verdict(d, "lower") == "held"
+    assert own.metrics() == ("local-accuracy", "local-exit-6-accuracy")
+    # deepest exit vs another method's global model, b on the suite's metric: +0.01, +0.01, +0.01
+    deepest = Claim("X", "deepest exit beats", "depthfl", "incl", "strong",
+                    metric="local-exit-6-accuracy", metric_b="local-accuracy")  # fmt: skip
+    assert paired_difference(results, deepest).differences == pytest.approx((0.01, 0.01, 0.01))
+    row = claims_markdown([deepest], results).splitlines()[2]
+    assert "| strong (local-exit-6-accuracy − local-accuracy), final (a higher) |" in row
+    assert row.endswith("| +0.010 ± 0.000 | 3 | held |")
+    # a trend on two metrics (c on a's metric, d on b's): depthfl's (ensemble - exit 6) minus that of
+    # a row whose ensemble costs 0.005 on every seed -> -0.015, -0.005, -0.015
+    wokd = {"local-accuracy": {"strong": {20: 0.8}}, "local-exit-6-accuracy": {"strong": {20: 0.805}}}
+    results += [RunResult("wokd", s, {"strong": {20: 0.8}}, other_curves=wokd) for s in (1, 2, 3)]
+    trend = Claim("T", "t", "depthfl", "depthfl", "strong", c="wokd", d="wokd",
+                  metric="local-accuracy", metric_b="local-exit-6-accuracy")  # fmt: skip
+    assert paired_difference(results, trend).differences == pytest.approx((-0.015, -0.005, -0.015))
+    raw = [{"label": "E", "text": "t", "a": "x", "b": "x", "tier": "strong", "metric": "local-accuracy",
+            "metric-b": "local-exit-6-accuracy"}]  # fmt: skip
+    assert parse_claims(raw, "suite", ["x"])[0].b_metric == "local-exit-6-accuracy"
+    assert Claim("C", "t", "x", "y", "s", metric="m").b_metric == "m"
+
+
 def test_parse_claims_reads_a_claim_metric() -> None:
     raw = [{"label": "C9", "text": "t", "a": "x", "b": "y", "tier": "small", "metric": "local-accuracy-inverted"}]
     (claim,) = parse_claims(raw, "suite", ["x", "y"])
@@ -206,7 +245,12 @@ def test_parse_claims_reads_a_trend_and_rejects_half_of_one() -> None:
     labels = ["a", "b", "c", "d"]
     ok = {"label": "T", "text": "t", "a": "a", "b": "b", "c": "c", "d": "d", "tier": "large"}
     (claim,) = parse_claims([ok], "suite", labels)
-    assert claim.is_trend and claim.rows() == (("a", "large"), ("b", "large"), ("c", "large"), ("d", "large"))
+    assert claim.is_trend and claim.rows() == (
+        ("a", "large", ""),
+        ("b", "large", ""),
+        ("c", "large", ""),
+        ("d", "large", ""),
+    )
     for bad, match in (
         ({k: v for k, v in ok.items() if k != "d"}, "both 'c' and 'd'"),
         ({**ok, "c": "nope"}, r"claims\[0\]\.c: 'nope' is not a run label"),

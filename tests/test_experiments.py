@@ -166,6 +166,18 @@ def test_read_run_from_a_results_folder(tmp_path: Path) -> None:
     both = reports.read_run(tmp_path, label="L", seed=7, metric="local-accuracy", other_metrics=("fed-accuracy",))
     assert both.curves == res.curves and both.tier_curves("fed-accuracy") == {"strong": {1: 0.72}}
     assert both.tier_curves() == res.curves and both.tier_curves("loss") == {}
+    named = reports.read_run(tmp_path, label="L", seed=7, metric="local-accuracy", other_metrics=("local-accuracy",))
+    assert named.tier_curves("local-accuracy") == res.curves  # a claim may name the suite's metric on one side
+
+
+def test_the_deepest_exit_metric_reads_each_tiers_last_exit() -> None:
+    weak = {"local-accuracy": 0.7, "local-exit-1-accuracy": 0.6, "local-exit-2-accuracy": 0.65}
+    strong = {**weak, "local-exit-10-accuracy": 0.81, "local-exit-9-accuracy": 0.8, "fed-exit-3-accuracy": 0.1}
+    assert reports.metric_value(weak, "local-exit-deepest-accuracy") == 0.65
+    assert reports.metric_value(strong, "local-exit-deepest-accuracy") == 0.81  # 10 > 9 as numbers
+    assert reports.metric_value(strong, "fed-exit-deepest-accuracy") == 0.1
+    assert reports.metric_value({"local-accuracy": 0.7}, "local-exit-deepest-accuracy") is None
+    assert reports.metric_value(weak, "local-accuracy") == 0.7 and reports.metric_value(weak, "loss") is None
 
 
 def test_format_round_progress_line() -> None:
