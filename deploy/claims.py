@@ -155,10 +155,10 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
     Raises
     ------
     ClaimError
-        On a missing or unknown key, a run label the suite does not have, an unknown statistic or
-        direction, a ``rounds-to-target`` claim without a target in ``(0, 1]``, or a trend claim
-        with only one of ``c`` / ``d`` or on ``rounds-to-target`` (rounds have no magnitude for a
-        run that misses the target).
+        On a missing or unknown key, a run label the suite does not have, a row compared with itself
+        on the same tier and metric, an unknown statistic or direction, a ``rounds-to-target`` claim
+        without a target in ``(0, 1]``, or a trend claim with only one of ``c`` / ``d`` or on
+        ``rounds-to-target`` (rounds have no magnitude for a run that misses the target).
 
     """
     if raw is None:
@@ -192,6 +192,9 @@ def parse_claims(raw: object, where: str, run_labels: Sequence[str]) -> tuple[Cl
             tier_b=str(entry.get("tier-b", "")), metric=str(entry.get("metric", "")),
             c=str(entry.get("c", "")), d=str(entry.get("d", "")), metric_b=str(entry.get("metric-b", "")),
         )  # fmt: skip
+        if claim.a == claim.b and (claim.tier, claim.metric) == (claim.b_tier, claim.b_metric):
+            raise ClaimError(f"{at}.b: {claim.b!r} compared with itself on one tier and metric is 0 on every seed: "
+                             "set 'tier-b' or 'metric-b' to read it on another")  # fmt: skip
         if claim.statistic not in CLAIM_STATISTICS:
             raise ClaimError(f"{at}.statistic: expected one of {CLAIM_STATISTICS}, got {claim.statistic!r}")
         if claim.direction not in DIRECTIONS:

@@ -207,6 +207,8 @@ def test_side_b_may_read_another_metric_of_the_same_or_another_run() -> None:
     raw = [{"label": "E", "text": "t", "a": "x", "b": "x", "tier": "strong", "metric": "local-accuracy",
             "metric-b": "local-exit-6-accuracy"}]  # fmt: skip
     assert parse_claims(raw, "suite", ["x"])[0].b_metric == "local-exit-6-accuracy"
+    with pytest.raises(ClaimError, match=r"claims\[0\]\.b: 'x' compared with itself.*'metric-b'"):
+        parse_claims([{k: v for k, v in raw[0].items() if k != "metric-b"}], "suite", ["x"])
     assert Claim("C", "t", "x", "y", "s", metric="m").b_metric == "m"
 
 
