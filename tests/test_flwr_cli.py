@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import flwr.cli.utils as flower_utils
 from flwr.cli.build import build_fab_from_files
+from flwr.common.constant import FAB_MAX_SIZE
 
 from deploy.flower import ROOT, flwr_cli
 from deploy.flwr_cli import collect_files, prune_spec
@@ -19,6 +22,15 @@ def test_the_project_fab_is_byte_for_byte_the_one_flower_builds() -> None:
     fab, metadata = build_fab_from_files(ours)
     reference, reference_metadata = build_fab_from_files(flowers)
     assert fab == reference and metadata == reference_metadata
+
+
+def test_the_project_fab_ships_the_code_not_the_archived_runs() -> None:
+    """docs/runs/ grows with every archived run; in the FAB it passed Flower's 10 MiB limit (2026-12-06)."""
+    fab, _ = build_fab_from_files(collect_files(ROOT))
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert "server/app.py" in names and "client/app.py" in names and "strategies/base.py" in names
+    assert not [n for n in names if n.startswith("docs/")]
+    assert len(fab) < FAB_MAX_SIZE / 4  # room to grow: the code alone is about 1.4 MB
 
 
 def _tree(root: Path, gitignore: str) -> None:
