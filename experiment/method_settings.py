@@ -178,6 +178,12 @@ class CodistGroup(SettingsGroup):
         "a control, not in the paper: PeriodicCodist's reset after each distillation, without the distillation.",
         json_schema_extra=_readers(modes=("merged", "fedavg")),
     )
+    codist_server_lr_decay: bool = Field(
+        True,
+        description="Decay every pool's FedAdam eta linearly to 0 over the rounds (the paper's schedule, "
+        "Appendix C.3); false = a constant eta, a diagnosis, not in the paper (the distillation's learning "
+        "rate decays either way).",
+    )
     codist_period: int = Field(
         5,
         ge=1,

@@ -287,7 +287,9 @@ class CoDistillation(HeterogeneousStrategy[GroupMeansResult]):
     distill : DistillConfig or Mapping[str, DistillConfig]
         Distillation settings, one for all students or one per student pool.
     server_lr_decay : bool
-        Decay every pool's FedAdam ``eta`` linearly to 0 over ``num_rounds``.
+        Decay every pool's FedAdam ``eta`` linearly to 0 over ``num_rounds`` (:func:`linear_decay`,
+        the paper's schedule); ``False`` keeps ``eta`` constant (run-config key
+        ``codist-server-lr-decay``; a diagnosis, not in the paper).
     membership : {"instead", "also"}
         ``instead``: a node trains only the variant it chose (the largest that fits).
         ``also``: a node trains every pool up to and including its choice, one message per
@@ -544,6 +546,7 @@ def build(cfg: RunConfig, entry: MethodEntry, options: Mapping[str, Any]) -> CoD
         merge_start=own.codist_merge_start,
         moment_reset=own.codist_moment_reset,
         period=own.codist_period,
+        server_lr_decay=own.codist_server_lr_decay,
         adam=server_adam_per_pool(cfg),
         distill=DistillConfig(
             steps=server.distill_steps,

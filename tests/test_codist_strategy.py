@@ -12,7 +12,9 @@ from flwr.app import ConfigRecord, MessageType
 from flwr.supercore.task_identity import TaskIdentity
 from torch import Tensor, nn
 
+from experiment.config import RunConfig
 from models.codist import CodistFamily, CodistSize, codist_catalog
+from server.app import build_strategy
 from strategies.codistill import (
     CodistConfigError,
     CoDistillation,
@@ -118,6 +120,36 @@ def test_merged_with_alpha_one_is_plain_fedadam_per_pool() -> None:
         assert report["small"]["server-lr"] == pytest.approx(linear_decay(0.1, r, ROUNDS))
         assert fedavg.report(r).groups["small"]["distill-seconds"] == 0.0
     assert merged.adam["small"].step == 2
+
+
+def test_constant_server_lr_steps_every_round_with_the_undecayed_eta() -> None:
+    """``server_lr_decay=False`` (run-config ``codist-server-lr-decay = false``): FedAdam's ``eta`` is
+    0.1 in every round (decayed: 0.1, 0.075, 0.05, 0.025 over ``T = 4``), the models those steps give."""
+    s, decayed = make("fedavg", server_lr_decay=False), make("fedavg")
+    manual = copy_state(s.state)
+    adam = {p: FedAdamState() for p in manual}
+    for r in range(1, ROUNDS + 1):
+        run_round(s, r)
+        run_round(decayed, r)
+        for pool, rows in CLIENTS.items():
+            manual[pool] = fedadam_step(manual[pool], mean_update(manual[pool], rows, r), adam[pool], ADAM)
+            assert s.server_adam_config(pool, r).eta == 0.1
+            assert s.report(r).groups[pool]["server-lr"] == 0.1
+        assert decayed.report(r).groups["small"]["server-lr"] == pytest.approx((0.1, 0.075, 0.05, 0.025)[r - 1])
+        for pool in manual:  # the steps themselves, to float32 rounding of the two mean paths
+            for k in manual[pool]:
+                torch.testing.assert_close(s.state[pool][k], manual[pool][k], rtol=1e-4, atol=1e-6)
+
+
+def test_run_config_codist_server_lr_decay_reaches_the_strategy() -> None:
+    pools = {"model": "codist-cnn", "tiers": "small:large", "tier-proportions": "1:1", "tier-memory-mb": "auto"}
+    for method in ("codist-periodic", "codist-fedavg", "codist-merged"):
+        for key, decays in ((False, False), (True, True)):
+            cfg = RunConfig.from_flower({**pools, "method": method, "codist-server-lr-decay": key, "distill-size": 8})
+            strategy = build_strategy(cfg)
+            assert isinstance(strategy, CoDistillation) and strategy.server_lr_decay is decays
+    default = RunConfig.from_flower({**pools, "method": "codist-periodic", "distill-size": 8})
+    assert default.codist_server_lr_decay is True  # the paper's schedule unless asked
 
 
 def test_per_pool_server_lr_steps_each_pool_with_its_own_eta() -> None:
