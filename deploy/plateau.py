@@ -31,12 +31,11 @@ labels) is judged.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from deploy.reports import read_run
+from deploy.reports import finished_curves
 
 
 class PlateauError(ValueError):
@@ -122,14 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if step <= 0 or first > last or first < args.window:
         parser.error(f"--candidates {first}:{last}:{step}: need STEP >= 1 and WINDOW <= FIRST <= LAST")
     candidates = list(range(first, last + 1, step))
-    curves: dict[str, Mapping[int, float]] = {}
-    for marker_path in sorted((args.out / "runs").glob("*/experiment.json")):
-        marker = json.loads(marker_path.read_text())
-        if args.only and marker["label"] not in args.only:
-            continue
-        run = read_run(marker_path.parent, label=marker["label"], seed=int(marker["seed"]), metric=args.metric)
-        if args.tier in run.curves:
-            curves[f"{run.label} (seed {run.seed})"] = run.curves[args.tier]
+    curves = finished_curves(args.out, tier=args.tier, metric=args.metric, only=args.only)
     if not curves:
         print(f"no finished run in {args.out / 'runs'} measured {args.metric!r} on tier {args.tier!r}")
         return 1

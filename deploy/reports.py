@@ -116,6 +116,24 @@ def read_run(folder: Path, *, label: str, seed: int, metric: str, other_metrics:
     return RunResult(label=label, seed=seed, curves=curves, seconds=seconds, tiers=tiers, other_curves=others)
 
 
+def finished_curves(out: Path, *, tier: str, metric: str, only: Sequence[str] = ()) -> dict[str, Mapping[int, float]]:
+    """Every finished run's ``tier`` curve of ``metric`` in a runner ``--out`` folder, by run name.
+
+    A run is finished when ``out/runs/<run>/experiment.json`` exists; its name is ``"LABEL (seed S)"``.
+    ``only`` keeps the runs with those labels; a run that did not measure ``metric`` on ``tier`` is left
+    out.  Used by :mod:`deploy.plateau` and :mod:`deploy.curves`.
+    """
+    curves: dict[str, Mapping[int, float]] = {}
+    for marker_path in sorted((out / "runs").glob("*/experiment.json")):
+        marker = json.loads(marker_path.read_text())
+        if only and marker["label"] not in only:
+            continue
+        run = read_run(marker_path.parent, label=marker["label"], seed=int(marker["seed"]), metric=metric)
+        if tier in run.curves:
+            curves[f"{run.label} (seed {run.seed})"] = run.curves[tier]
+    return curves
+
+
 def final_value(curve: Mapping[int, float]) -> float:
     """Value at the last measured round: ``curve[max(curve)]``."""
     return curve[max(curve)]

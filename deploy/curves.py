@@ -1,0 +1,146 @@
+r"""Runs' per-round values at chosen rounds: how a metric moves inside a run, as a table.
+
+The suites' reports give each run's final and best values (:mod:`deploy.reports`); a diagnosis
+sometimes needs the curve itself at chosen rounds, e.g. PeriodicCodist's other-domain accuracy
+right after each distillation (rounds :math:`t` with :math:`t \bmod p = 0`) against the round
+before the next one (:math:`t + p - 1`), or a row's difference to a reference row of the same seed.
+For a run's curve :math:`c_r` and the rounds :math:`r_1, \dots, r_k` the table holds
+:math:`100\,c_{r_i}` (points) and, with ``--minus LABEL``, :math:`100\,(c_{r_i} - c'_{r_i})` where
+:math:`c'` is the same seed's curve of the row ``LABEL``.
+
+Usage::
+
+    python -m deploy.curves DIR --tier T [--metric M] --rounds R[,R...] | --rounds FIRST:LAST:STEP
+                            [--minus LABEL] [--only LABEL ...]
+
+``DIR`` is a runner ``--out`` folder or its archive ``docs/runs/SUITE-PRESET``; ``--rounds``
+takes a comma-separated list or a ``FIRST:LAST:STEP`` range (repeatable, joined in order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from deploy.reports import finished_curves
+
+
+class CurveError(ValueError):
+    """A curve lacks a requested round, or a requested reference row is missing."""
+
+
+def values_at(curve: Mapping[int, float], rounds: Sequence[int]) -> list[float]:
+    """``[curve[r] for r in rounds]``.
+
+    Raises
+    ------
+    CurveError
+        If a requested round was not measured, naming the rounds the curve has.
+
+    """
+    missing = [r for r in rounds if r not in curve]
+    if missing:
+        raise CurveError(
+            f"rounds {missing} were not measured (the curve has {min(curve, default=0)}..{max(curve, default=0)})"
+        )
+    return [curve[r] for r in rounds]
+
+
+def differences_to(
+    curves: Mapping[str, Mapping[int, float]], reference: str, rounds: Sequence[int]
+) -> dict[str, list[float]]:
+    """Each run's values minus those of the same seed's run of row ``reference``, at ``rounds``.
+
+    ``curves`` maps ``"LABEL (seed S)"`` (:func:`deploy.reports.finished_curves`) to a curve; the
+    reference row's own runs are left out of the result.
+
+    Raises
+    ------
+    CurveError
+        If a seed has no run of ``reference``, or a round is missing (:func:`values_at`).
+
+    """
+    by_run = {_split(name): curve for name, curve in curves.items()}
+    out: dict[str, list[float]] = {}
+    for (label, seed), curve in by_run.items():
+        if label == reference:
+            continue
+        base = by_run.get((reference, seed))
+        if base is None:
+            raise CurveError(f"seed {seed} has no finished run of {reference!r} to subtract")
+        pairs = zip(values_at(curve, rounds), values_at(base, rounds), strict=True)
+        out[f"{label} (seed {seed})"] = [a - b for a, b in pairs]
+    return out
+
+
+def _split(name: str) -> tuple[str, int]:
+    match = re.fullmatch(r"(.*) \(seed (-?\d+)\)", name)
+    if match is None:
+        raise CurveError(f"run name {name!r} is not 'LABEL (seed S)'")
+    return match.group(1), int(match.group(2))
+
+
+def parse_rounds(texts: Sequence[str]) -> list[int]:
+    """``["5,9", "10:30:10"]`` -> ``[5, 9, 10, 20, 30]``: lists and ``FIRST:LAST:STEP`` ranges, in order.
+
+    Raises
+    ------
+    CurveError
+        For an empty or malformed item, a step below 1, or ``FIRST > LAST``.
+
+    """
+    rounds: list[int] = []
+    for text in texts:
+        try:
+            if ":" in text:
+                first, last, step = (int(v) for v in text.split(":"))
+                if step < 1 or first > last:
+                    raise CurveError(f"--rounds {text!r}: need STEP >= 1 and FIRST <= LAST")
+                rounds.extend(range(first, last + 1, step))
+            else:
+                rounds.extend(int(v) for v in text.split(","))
+        except ValueError:
+            raise CurveError(f"--rounds {text!r}: expected R[,R...] or FIRST:LAST:STEP of integers") from None
+    if not rounds:
+        raise CurveError("--rounds names no round")
+    return rounds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point: print each run's values (or differences) at the rounds, in points."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="a runner --out folder or its archive (its runs/ are read)")
+    parser.add_argument("--tier", required=True, help="tier whose curve is read (e.g. small, strong)")
+    parser.add_argument("--metric", default="local-accuracy", help="per-tier metric of rounds.jsonl")
+    parser.add_argument("--rounds", action="append", required=True, help="R[,R...] or FIRST:LAST:STEP (repeatable)")
+    parser.add_argument("--minus", default="", help="subtract the same seed's run of this row label")
+    parser.add_argument("--only", action="append", default=[], help="read only this row label (repeatable)")
+    args = parser.parse_args(argv)
+    only = [*args.only, args.minus] if args.only and args.minus else args.only
+    try:
+        rounds = parse_rounds(args.rounds)
+        curves = finished_curves(args.out, tier=args.tier, metric=args.metric, only=only)
+        if not curves:
+            print(f"no finished run in {args.out / 'runs'} measured {args.metric!r} on tier {args.tier!r}")
+            return 1
+        if args.minus:
+            rows = differences_to(curves, args.minus, rounds)
+            what, fmt = f"minus {args.minus} (same seed)", "{:+.1f}"
+        else:
+            rows = {name: values_at(curve, rounds) for name, curve in curves.items()}
+            what, fmt = "", "{:.1f}"
+    except CurveError as exc:
+        print(f"cannot read: {exc}")
+        return 1
+    print(f"{args.metric} in points, tier {args.tier}{', ' + what if what else ''}")
+    print("| run | " + " | ".join(f"r{r}" for r in rounds) + " |")
+    print("| --- |" + " --- |" * len(rounds))
+    for name, values in rows.items():
+        print(f"| {name} | " + " | ".join(fmt.format(100 * v) for v in values) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
