@@ -42,9 +42,8 @@ def values_at(curve: Mapping[int, float], rounds: Sequence[int]) -> list[float]:
     """
     missing = [r for r in rounds if r not in curve]
     if missing:
-        raise CurveError(
-            f"rounds {missing} were not measured (the curve has {min(curve, default=0)}..{max(curve, default=0)})"
-        )
+        span = f"{len(curve)} rounds between {min(curve)} and {max(curve)}" if curve else "no round"
+        raise CurveError(f"rounds {missing} were not measured (the curve has {span})")
     return [curve[r] for r in rounds]
 
 
@@ -94,15 +93,18 @@ def parse_rounds(texts: Sequence[str]) -> list[int]:
     rounds: list[int] = []
     for text in texts:
         try:
-            if ":" in text:
-                first, last, step = (int(v) for v in text.split(":"))
-                if step < 1 or first > last:
-                    raise CurveError(f"--rounds {text!r}: need STEP >= 1 and FIRST <= LAST")
-                rounds.extend(range(first, last + 1, step))
-            else:
-                rounds.extend(int(v) for v in text.split(","))
+            values = [int(v) for v in text.split(":" if ":" in text else ",")]
         except ValueError:
             raise CurveError(f"--rounds {text!r}: expected R[,R...] or FIRST:LAST:STEP of integers") from None
+        if ":" not in text:
+            rounds.extend(values)
+            continue
+        if len(values) != 3:
+            raise CurveError(f"--rounds {text!r}: expected R[,R...] or FIRST:LAST:STEP of integers")
+        first, last, step = values
+        if step < 1 or first > last:
+            raise CurveError(f"--rounds {text!r}: need STEP >= 1 and FIRST <= LAST")
+        rounds.extend(range(first, last + 1, step))
     if not rounds:
         raise CurveError("--rounds names no round")
     return rounds
@@ -118,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minus", default="", help="subtract the same seed's run of this row label")
     parser.add_argument("--only", action="append", default=[], help="read only this row label (repeatable)")
     args = parser.parse_args(argv)
+    if args.minus and args.only and set(args.only) <= {args.minus}:
+        parser.error(f"--only names only the --minus row {args.minus!r}: nothing is left to subtract it from")
     only = [*args.only, args.minus] if args.only and args.minus else args.only
     try:
         rounds = parse_rounds(args.rounds)

@@ -144,8 +144,10 @@ def test_constant_server_lr_steps_every_round_with_the_undecayed_eta() -> None:
 def test_run_config_codist_server_lr_decay_reaches_the_strategy() -> None:
     pools = {"model": "codist-cnn", "tiers": "small:large", "tier-proportions": "1:1", "tier-memory-mb": "auto"}
     for method in ("codist-periodic", "codist-fedavg", "codist-merged"):
-        for key, decays in ((False, False), (True, True)):
-            cfg = RunConfig.from_flower({**pools, "method": method, "codist-server-lr-decay": key, "distill-size": 8})
+        for decays in (False, True):
+            cfg = RunConfig.from_flower(
+                {**pools, "method": method, "codist-server-lr-decay": decays, "distill-size": 8}
+            )
             strategy = build_strategy(cfg)
             assert isinstance(strategy, CoDistillation) and strategy.server_lr_decay is decays
     default = RunConfig.from_flower({**pools, "method": "codist-periodic", "distill-size": 8})

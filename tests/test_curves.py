@@ -22,7 +22,9 @@ def test_values_at_and_differences_exact() -> None:
     saw = {r: (0.5 if r % 5 == 0 else 0.1) for r in range(0, 11)}  # jumps at each distillation, erased after
     flat = dict.fromkeys(range(0, 11), 0.05)
     assert curves.values_at(saw, [5, 9, 10]) == [0.5, 0.1, 0.5]
-    with pytest.raises(curves.CurveError, match=r"rounds \[11\] were not measured \(the curve has 0..10\)"):
+    with pytest.raises(
+        curves.CurveError, match=r"rounds \[11\] were not measured \(the curve has 11 rounds between 0 and 10\)"
+    ):
         curves.values_at(saw, [10, 11])
     runs = {"Periodic (seed 7)": saw, "FedAvg (seed 7)": flat, "Periodic (seed 8)": saw}
     with pytest.raises(curves.CurveError, match="seed 8 has no finished run of 'FedAvg'"):
@@ -33,8 +35,11 @@ def test_values_at_and_differences_exact() -> None:
 
 def test_parse_rounds_joins_lists_and_ranges_in_order() -> None:
     assert curves.parse_rounds(["5,9", "10:30:10"]) == [5, 9, 10, 20, 30]
-    for bad in ("10:5:1", "5:10:0", "a,b", "1:2"):
-        with pytest.raises(curves.CurveError, match="--rounds"):
+    for bad in ("10:5:1", "5:10:0"):
+        with pytest.raises(curves.CurveError, match="need STEP >= 1 and FIRST <= LAST"):
+            curves.parse_rounds([bad])
+    for bad in ("a,b", "1:2", "1:x:2"):
+        with pytest.raises(curves.CurveError, match="expected R"):
             curves.parse_rounds([bad])
 
 
@@ -49,6 +54,9 @@ def test_command_prints_values_and_same_seed_differences(tmp_path: Path, capsys:
     assert curves.main([*argv, "--minus", "FedAvg per pool", "--only", "PeriodicCodist"]) == 0
     out = capsys.readouterr().out
     assert "| PeriodicCodist (seed 42) | +45.0 | +5.0 | +45.0 |" in out and "FedAvg per pool (seed 42) |" not in out
+    with pytest.raises(SystemExit):  # nothing left to subtract the reference from
+        curves.main([*argv, "--minus", "FedAvg per pool", "--only", "FedAvg per pool"])
+    assert "--only names only the --minus row" in capsys.readouterr().err
     assert curves.main([*argv[:-1], "11"]) == 1
     assert "cannot read: rounds [11] were not measured" in capsys.readouterr().out
     assert curves.main([*argv[:2], "large", *argv[3:]]) == 1
