@@ -19,12 +19,9 @@ takes a comma-separated list or a ``FIRST:LAST:STEP`` range (repeatable, joined 
 
 from __future__ import annotations
 
-import argparse
-import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from deploy.reports import finished_curves
+from deploy.reports import RunKey, curves_parser, finished_curves, run_name
 
 
 class CurveError(ValueError):
@@ -48,11 +45,11 @@ def values_at(curve: Mapping[int, float], rounds: Sequence[int]) -> list[float]:
 
 
 def differences_to(
-    curves: Mapping[str, Mapping[int, float]], reference: str, rounds: Sequence[int]
-) -> dict[str, list[float]]:
+    curves: Mapping[RunKey, Mapping[int, float]], reference: str, rounds: Sequence[int]
+) -> dict[RunKey, list[float]]:
     """Each run's values minus those of the same seed's run of row ``reference``, at ``rounds``.
 
-    ``curves`` maps ``"LABEL (seed S)"`` (:func:`deploy.reports.finished_curves`) to a curve; the
+    ``curves`` maps a run's (label, seed) (:func:`deploy.reports.finished_curves`) to its curve; the
     reference row's own runs are left out of the result.
 
     Raises
@@ -61,24 +58,16 @@ def differences_to(
         If a seed has no run of ``reference``, or a round is missing (:func:`values_at`).
 
     """
-    by_run = {_split(name): curve for name, curve in curves.items()}
-    out: dict[str, list[float]] = {}
-    for (label, seed), curve in by_run.items():
+    out: dict[RunKey, list[float]] = {}
+    for (label, seed), curve in curves.items():
         if label == reference:
             continue
-        base = by_run.get((reference, seed))
+        base = curves.get((reference, seed))
         if base is None:
             raise CurveError(f"seed {seed} has no finished run of {reference!r} to subtract")
         pairs = zip(values_at(curve, rounds), values_at(base, rounds), strict=True)
-        out[f"{label} (seed {seed})"] = [a - b for a, b in pairs]
+        out[(label, seed)] = [a - b for a, b in pairs]
     return out
-
-
-def _split(name: str) -> tuple[str, int]:
-    match = re.fullmatch(r"(.*) \(seed (-?\d+)\)", name)
-    if match is None:
-        raise CurveError(f"run name {name!r} is not 'LABEL (seed S)'")
-    return match.group(1), int(match.group(2))
 
 
 def parse_rounds(texts: Sequence[str]) -> list[int]:
@@ -112,13 +101,9 @@ def parse_rounds(texts: Sequence[str]) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: print each run's values (or differences) at the rounds, in points."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="a runner --out folder or its archive (its runs/ are read)")
-    parser.add_argument("--tier", required=True, help="tier whose curve is read (e.g. small, strong)")
-    parser.add_argument("--metric", default="local-accuracy", help="per-tier metric of rounds.jsonl")
+    parser = curves_parser(__doc__, verb="read")
     parser.add_argument("--rounds", action="append", required=True, help="R[,R...] or FIRST:LAST:STEP (repeatable)")
     parser.add_argument("--minus", default="", help="subtract the same seed's run of this row label")
-    parser.add_argument("--only", action="append", default=[], help="read only this row label (repeatable)")
     args = parser.parse_args(argv)
     if args.minus and args.only and set(args.only) <= {args.minus}:
         parser.error(f"--only names only the --minus row {args.minus!r}: nothing is left to subtract it from")
@@ -133,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = differences_to(curves, args.minus, rounds)
             what, fmt = f"minus {args.minus} (same seed)", "{:+.1f}"
         else:
-            rows = {name: values_at(curve, rounds) for name, curve in curves.items()}
+            rows = {key: values_at(curve, rounds) for key, curve in curves.items()}
             what, fmt = "", "{:.1f}"
     except CurveError as exc:
         print(f"cannot read: {exc}")
@@ -141,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.metric} in points, tier {args.tier}{', ' + what if what else ''}")
     print("| run | " + " | ".join(f"r{r}" for r in rounds) + " |")
     print("| --- |" + " --- |" * len(rounds))
-    for name, values in rows.items():
-        print(f"| {name} | " + " | ".join(fmt.format(100 * v) for v in values) + " |")
+    for key, values in rows.items():
+        print(f"| {run_name(key)} | " + " | ".join(fmt.format(100 * v) for v in values) + " |")
     return 0
 
 

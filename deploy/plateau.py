@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
-from deploy.reports import finished_curves
+from deploy.reports import curves_parser, finished_curves, run_name
+
+_Run = TypeVar("_Run", bound=Hashable)
+"""Whatever names a run in :func:`first_settled`'s curves (a row name, or a (label, seed) key)."""
 
 
 class PlateauError(ValueError):
@@ -74,7 +77,7 @@ def settled_gap(curve: Mapping[int, float], rounds: int, *, window: int, tail: t
 
 
 def first_settled(
-    curves: Mapping[str, Mapping[int, float]],
+    curves: Mapping[_Run, Mapping[int, float]],
     candidates: Sequence[int],
     *,
     window: int,
@@ -107,15 +110,11 @@ def _span(text: str, parts: int) -> tuple[int, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: print each run's gap per candidate and the rule's verdict."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="a runner --out folder (its runs/ are judged)")
-    parser.add_argument("--tier", required=True, help="tier whose curve is judged (e.g. strong, iot)")
-    parser.add_argument("--metric", default="local-accuracy", help="per-tier metric of rounds.jsonl")
+    parser = curves_parser(__doc__, verb="judged")
     parser.add_argument("--window", type=int, required=True, help="rounds averaged up to each candidate R")
     parser.add_argument("--candidates", type=lambda t: _span(t, 3), required=True, help="FIRST:LAST:STEP")
     parser.add_argument("--tail", type=lambda t: _span(t, 2), required=True, help="A:B, the tail rounds")
     parser.add_argument("--tolerance", type=float, default=0.01, help="largest |m_R - m_tail| (0.01 = 1 point)")
-    parser.add_argument("--only", action="append", default=[], help="judge only this row label (repeatable)")
     args = parser.parse_args(argv)
     first, last, step = args.candidates
     if step <= 0 or first > last or first < args.window:
@@ -128,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tail = (args.tail[0], args.tail[1])
     try:
         rows = {
-            name: [settled_gap(c, r, window=args.window, tail=tail) for r in candidates] for name, c in curves.items()
+            run_name(key): [settled_gap(c, r, window=args.window, tail=tail) for r in candidates]
+            for key, c in curves.items()
         }
         found = first_settled(curves, candidates, window=args.window, tail=tail, tolerance=args.tolerance)
     except PlateauError as exc:

@@ -10,6 +10,7 @@ functions are pure (inputs in, text or a file out) so they are tested on fixed f
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -116,22 +117,48 @@ def read_run(folder: Path, *, label: str, seed: int, metric: str, other_metrics:
     return RunResult(label=label, seed=seed, curves=curves, seconds=seconds, tiers=tiers, other_curves=others)
 
 
-def finished_curves(out: Path, *, tier: str, metric: str, only: Sequence[str] = ()) -> dict[str, Mapping[int, float]]:
-    """Every finished run's ``tier`` curve of ``metric`` in a runner ``--out`` folder, by run name.
+RunKey = tuple[str, int]
+"""A finished run's row label and seed."""
 
-    A run is finished when ``out/runs/<run>/experiment.json`` exists; its name is ``"LABEL (seed S)"``.
-    ``only`` keeps the runs with those labels; a run that did not measure ``metric`` on ``tier`` is left
-    out.  Used by :mod:`deploy.plateau` and :mod:`deploy.curves`.
+
+def run_name(key: RunKey) -> str:
+    """``("InclusiveFL", 42)`` -> ``"InclusiveFL (seed 42)"``, a table's row name for one run."""
+    label, seed = key
+    return f"{label} (seed {seed})"
+
+
+def finished_curves(
+    out: Path, *, tier: str, metric: str, only: Sequence[str] = ()
+) -> dict[RunKey, Mapping[int, float]]:
+    """Every finished run's ``tier`` curve of ``metric`` in a runner ``--out`` folder, by (label, seed).
+
+    A run is finished when ``out/runs/<run>/experiment.json`` exists.  ``only`` keeps the runs with
+    those labels; a run that did not measure ``metric`` on ``tier`` is left out.  Used by
+    :mod:`deploy.plateau` and :mod:`deploy.curves`.
     """
-    curves: dict[str, Mapping[int, float]] = {}
+    curves: dict[RunKey, Mapping[int, float]] = {}
     for marker_path in sorted((out / "runs").glob("*/experiment.json")):
         marker = json.loads(marker_path.read_text())
         if only and marker["label"] not in only:
             continue
         run = read_run(marker_path.parent, label=marker["label"], seed=int(marker["seed"]), metric=metric)
         if tier in run.curves:
-            curves[f"{run.label} (seed {run.seed})"] = run.curves[tier]
+            curves[(run.label, run.seed)] = run.curves[tier]
     return curves
+
+
+def curves_parser(doc: str | None, *, verb: str) -> argparse.ArgumentParser:
+    """A command's parser with the arguments that name the curves it reads from a runner ``--out`` folder.
+
+    ``out`` (the folder), ``--tier``, ``--metric`` and ``--only`` (repeatable), each read by
+    :func:`finished_curves`; ``verb`` says what the command does with them ("judged", "read").
+    """
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help=f"a runner --out folder or its archive (its runs/ are {verb})")
+    parser.add_argument("--tier", required=True, help=f"tier whose curve is {verb} (e.g. small, strong, iot)")
+    parser.add_argument("--metric", default="local-accuracy", help="per-tier metric of rounds.jsonl")
+    parser.add_argument("--only", action="append", default=[], help="only this row label (repeatable)")
+    return parser
 
 
 def final_value(curve: Mapping[int, float]) -> float:

@@ -26,11 +26,11 @@ def test_values_at_and_differences_exact() -> None:
         curves.CurveError, match=r"rounds \[11\] were not measured \(the curve has 11 rounds between 0 and 10\)"
     ):
         curves.values_at(saw, [10, 11])
-    runs = {"Periodic (seed 7)": saw, "FedAvg (seed 7)": flat, "Periodic (seed 8)": saw}
+    runs = {("Periodic", 7): saw, ("FedAvg", 7): flat, ("Periodic", 8): saw}
     with pytest.raises(curves.CurveError, match="seed 8 has no finished run of 'FedAvg'"):
         curves.differences_to(runs, "FedAvg", [5])
-    del runs["Periodic (seed 8)"]
-    assert curves.differences_to(runs, "FedAvg", [5, 9]) == {"Periodic (seed 7)": pytest.approx([0.45, 0.05])}
+    del runs[("Periodic", 8)]
+    assert curves.differences_to(runs, "FedAvg", [5, 9]) == {("Periodic", 7): pytest.approx([0.45, 0.05])}
 
 
 def test_parse_rounds_joins_lists_and_ranges_in_order() -> None:
