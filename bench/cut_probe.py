@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from deploy.reports import markdown_rows
 from models.data import DataSpec, load_splits, seeded_sample, text_inputs
 from models.transformer import (
     TransformerSpec,
@@ -177,12 +178,10 @@ class ProbeTable:
     def markdown(self) -> str:
         """The table as markdown, one row per cut, one column per layers read."""
         layers = len(next(iter(self.rows.values())))
-        lines = [
-            "| cut | " + " | ".join(f"{k} layers" for k in range(layers)) + " |",
-            "| --- |" + " --- |" * layers,
-        ]
-        lines += [f"| {label} | " + " | ".join(f"{a:.3f}" for a in accs) + " |" for label, accs in self.rows.items()]
-        return "\n".join(lines)
+        return markdown_rows(
+            ["cut", *(f"{k} layers" for k in range(layers))],
+            ([label, *(f"{a:.3f}" for a in accs)] for label, accs in self.rows.items()),
+        )
 
 
 def probe_table(

@@ -35,7 +35,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
-from deploy.reports import curves_parser, finished_curves, run_name
+from deploy.reports import curves_parser, finished_curves, markdown_rows, run_name
 
 _Run = TypeVar("_Run", bound=Hashable)
 """Whatever names a run in :func:`first_settled`'s curves (a row name, or a (label, seed) key)."""
@@ -135,10 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cannot judge: {exc}")
         return 1
     print(f"m_R - m_tail in points ({args.metric}, tier {args.tier}, window {args.window}, tail {tail[0]}-{tail[1]})")
-    print("| run | " + " | ".join(f"R = {r}" for r in candidates) + " |")
-    print("| --- |" + " --- |" * len(candidates))
-    for name, gaps in rows.items():
-        print(f"| {name} | " + " | ".join(f"{100 * g:+.2f}" for g in gaps) + " |")
+    print(
+        markdown_rows(
+            ["run", *(f"R = {r}" for r in candidates)],
+            ([name, *(f"{100 * g:+.2f}" for g in gaps)] for name, gaps in rows.items()),
+        )
+    )
     verdict = f"R = {found}" if found is not None else "none: no candidate stands for every run"
     print(f"first candidate where every run is within the tolerance ({100 * args.tolerance:g} points): {verdict}")
     return 0

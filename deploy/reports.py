@@ -15,7 +15,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -273,15 +273,29 @@ def format_mean_se(mean: float, se: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
+def markdown_rows(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A markdown table: the header row, its ``---`` separator, then one line per row (no final newline).
+
+    Every row must have as many cells as the header.
+    """
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    lines = [line(header), line(["---"] * len(header))]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"row {list(row)!r} has {len(row)} cells, the header {len(header)}")
+        lines.append(line(row))
+    return "\n".join(lines)
+
+
 def markdown_table(
     cells: Sequence[Cell], *, labels: Sequence[str], tiers: Sequence[str], digits: int = 3, first: str = "run"
 ) -> str:
     """Rows = labels, columns = tiers, each cell ``mean ± SE``; ``—`` where there is no cell."""
     by_key = {(c.label, c.tier): c for c in cells}
-    lines = [
-        "| " + " | ".join([first, *tiers, "seeds"]) + " |",
-        "| " + " | ".join(["---"] * (len(tiers) + 2)) + " |",
-    ]
+    rows = []
     for label in labels:
         row = [label]
         ns = set()
@@ -291,8 +305,8 @@ def markdown_table(
             if cell:
                 ns.add(cell.n)
         row.append("/".join(str(n) for n in sorted(ns)) or "0")
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(row)
+    return markdown_rows([first, *tiers, "seeds"], rows) + "\n"
 
 
 CSV_FIELDS = ("suite", "preset", "label", "tier", "metric", "statistic", "n", "mean", "se", "values")

@@ -119,6 +119,15 @@ def test_markdown_table_exact() -> None:
     )
 
 
+def test_markdown_rows_exact_and_rejects_a_ragged_row() -> None:
+    assert reports.markdown_rows(["run", "r5"], [["a-s1", "+1.0"], ["b-s1", "-2.5"]]) == (
+        "| run | r5 |\n| --- | --- |\n| a-s1 | +1.0 |\n| b-s1 | -2.5 |"
+    )
+    assert reports.markdown_rows(["run"], []) == "| run |\n| --- |"
+    with pytest.raises(ValueError, match="has 1 cells, the header 2"):
+        reports.markdown_rows(["run", "r5"], [["a-s1"]])
+
+
 def test_csv_table_round_trips_the_numbers() -> None:
     cells = reports.summarize(fake_results(), "final")
     rows = list(csv.DictReader(io.StringIO(reports.csv_table(cells, suite="s", preset="cpu", metric="local-accuracy"))))
