@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from deploy.reports import RunKey, curves_parser, finished_curves, markdown_rows, run_name
+from deploy.reports import RunKey, curves_parser, finished_curves, points_table
 
 
 class CurveError(ValueError):
@@ -124,12 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cannot read: {exc}")
         return 1
     print(f"{args.metric} in points, tier {args.tier}{', ' + what if what else ''}")
-    print(
-        markdown_rows(
-            ["run", *(f"r{r}" for r in rounds)],
-            ([run_name(key), *(fmt.format(100 * v) for v in values)] for key, values in rows.items()),
-        )
-    )
+    print(points_table([f"r{r}" for r in rounds], rows, fmt=fmt))
     return 0
 
 

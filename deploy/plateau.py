@@ -35,7 +35,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
-from deploy.reports import curves_parser, finished_curves, markdown_rows, run_name
+from deploy.reports import curves_parser, finished_curves, points_table
 
 _Run = TypeVar("_Run", bound=Hashable)
 """Whatever names a run in :func:`first_settled`'s curves (a row name, or a (label, seed) key)."""
@@ -126,21 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     tail = (args.tail[0], args.tail[1])
     try:
-        rows = {
-            run_name(key): [settled_gap(c, r, window=args.window, tail=tail) for r in candidates]
-            for key, c in curves.items()
-        }
+        rows = {k: [settled_gap(c, r, window=args.window, tail=tail) for r in candidates] for k, c in curves.items()}
         found = first_settled(curves, candidates, window=args.window, tail=tail, tolerance=args.tolerance)
     except PlateauError as exc:
         print(f"cannot judge: {exc}")
         return 1
     print(f"m_R - m_tail in points ({args.metric}, tier {args.tier}, window {args.window}, tail {tail[0]}-{tail[1]})")
-    print(
-        markdown_rows(
-            ["run", *(f"R = {r}" for r in candidates)],
-            ([name, *(f"{100 * g:+.2f}" for g in gaps)] for name, gaps in rows.items()),
-        )
-    )
+    print(points_table([f"R = {r}" for r in candidates], rows, fmt="{:+.2f}"))
     verdict = f"R = {found}" if found is not None else "none: no candidate stands for every run"
     print(f"first candidate where every run is within the tolerance ({100 * args.tolerance:g} points): {verdict}")
     return 0

@@ -290,6 +290,13 @@ def markdown_rows(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def points_table(columns: Sequence[str], rows: Mapping[RunKey, Sequence[float]], *, fmt: str) -> str:
+    """One markdown row per run (its ``run_name``), each value times 100 (points) formatted by ``fmt``."""
+    return markdown_rows(
+        ["run", *columns], ([run_name(key), *(fmt.format(100 * v) for v in values)] for key, values in rows.items())
+    )
+
+
 def markdown_table(
     cells: Sequence[Cell], *, labels: Sequence[str], tiers: Sequence[str], digits: int = 3, first: str = "run"
 ) -> str:

@@ -128,6 +128,13 @@ def test_markdown_rows_exact_and_rejects_a_ragged_row() -> None:
         reports.markdown_rows(["run", "r5"], [["a-s1"]])
 
 
+def test_points_table_names_runs_and_scales_to_points() -> None:
+    rows: dict[reports.RunKey, list[float]] = {("A", 42): [0.5, -0.0125], ("B", 7): [1.0, 0.25]}
+    assert reports.points_table(["r5", "r9"], rows, fmt="{:+.2f}") == (
+        "| run | r5 | r9 |\n| --- | --- | --- |\n| A (seed 42) | +50.00 | -1.25 |\n| B (seed 7) | +100.00 | +25.00 |"
+    )
+
+
 def test_csv_table_round_trips_the_numbers() -> None:
     cells = reports.summarize(fake_results(), "final")
     rows = list(csv.DictReader(io.StringIO(reports.csv_table(cells, suite="s", preset="cpu", metric="local-accuracy"))))
