@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from deploy.reports import markdown_rows
+from deploy.markdown import markdown_rows
 from models.data import DataSpec, load_splits, seeded_sample, text_inputs
 from models.transformer import (
     TransformerSpec,

@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from deploy.markdown import markdown_rows
+
 #: Seeds a verdict needs (the project's standard: a mean over >= 3 seeds).
 MIN_SEEDS = 3
 #: How many standard errors the paired mean difference must clear.
@@ -332,10 +334,7 @@ def verdict(diff: PairedDifference, direction: str) -> Verdict:
 
 def claims_markdown(claims: Sequence[Claim], results: Sequence[_Run], *, digits: int = 3) -> str:
     """The report's claims table: claim, compared rows, paired difference ± SE, seeds, verdict."""
-    lines = [
-        "| claim | a − b | tier, statistic | paired a − b (mean ± SE) | seeds | verdict |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for c in claims:
         d = paired_difference(results, c)
         stat = c.statistic if c.statistic != "rounds-to-target" else f"rounds to {c.target:g}"
@@ -348,11 +347,11 @@ def claims_markdown(claims: Sequence[Claim], results: Sequence[_Run], *, digits:
             value += f" (b or both {missed}, left out: seeds {', '.join(map(str, d.censored))})"
         want = "a higher" if c.direction == "higher" else "a lower"
         tier = (c.tier if c.b_tier == c.tier else f"{c.tier} − {c.b_tier}") + _metrics_words(c)
-        lines.append(
-            f"| {c.label}: {c.text} | {c.compared()} | {tier}, {stat} ({want}) | {value} | {d.n} | "
-            f"{verdict(d, c.direction)} |"
+        rows.append(
+            [f"{c.label}: {c.text}", c.compared(), f"{tier}, {stat} ({want})", value, str(d.n), verdict(d, c.direction)]
         )
-    return "\n".join(lines) + "\n"
+    header = ["claim", "a − b", "tier, statistic", "paired a − b (mean ± SE)", "seeds", "verdict"]
+    return markdown_rows(header, rows) + "\n"
 
 
 def _metrics_words(claim: Claim) -> str:

@@ -15,12 +15,13 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from deploy.claims import best_value, claims_markdown
+from deploy.markdown import markdown_rows
 
 if TYPE_CHECKING:
     from deploy.experiments import Suite
@@ -273,23 +274,6 @@ def format_mean_se(mean: float, se: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
-def markdown_rows(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """A markdown table: the header row, its ``---`` separator, then one line per row (no final newline).
-
-    Every row must have as many cells as the header.
-    """
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cells) + " |"
-
-    lines = [line(header), line(["---"] * len(header))]
-    for row in rows:
-        if len(row) != len(header):
-            raise ValueError(f"row {list(row)!r} has {len(row)} cells, the header {len(header)}")
-        lines.append(line(row))
-    return "\n".join(lines)
-
-
 def points_table(columns: Sequence[str], rows: Mapping[RunKey, Sequence[float]], *, fmt: str) -> str:
     """One markdown row per run (its ``run_name``), each value times 100 (points) formatted by ``fmt``."""
     return markdown_rows(
@@ -371,8 +355,8 @@ def report_markdown(suite: Suite, preset: str, results: Sequence[RunResult], *, 
             "",
             claims_markdown(suite.claims, results),
         ]
-    out += ["## Wall time per run (s)", "", "| run | seconds |", "| --- | --- |"]
-    out += [f"| {label} | {format_mean_se(m, s, 0)} |" for label, (m, s) in wall_times(results).items()]
+    seconds = [[label, format_mean_se(m, s, 0)] for label, (m, s) in wall_times(results).items()]
+    out += ["## Wall time per run (s)", "", markdown_rows(["run", "seconds"], seconds)]
     return "\n".join(out) + "\n"
 
 

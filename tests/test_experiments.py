@@ -17,6 +17,7 @@ from deploy import console, reports
 from deploy import experiments as ex
 from deploy.experiments import Preset, Suite, SuiteError, SuiteRun
 from deploy.flower import code_version
+from deploy.markdown import markdown_rows
 from deploy.reports import Cell, RunResult
 from experiment.config import RunConfig
 from tests.toy import finished_suite_run
@@ -120,12 +121,12 @@ def test_markdown_table_exact() -> None:
 
 
 def test_markdown_rows_exact_and_rejects_a_ragged_row() -> None:
-    assert reports.markdown_rows(["run", "r5"], [["a-s1", "+1.0"], ["b-s1", "-2.5"]]) == (
+    assert markdown_rows(["run", "r5"], [["a-s1", "+1.0"], ["b-s1", "-2.5"]]) == (
         "| run | r5 |\n| --- | --- |\n| a-s1 | +1.0 |\n| b-s1 | -2.5 |"
     )
-    assert reports.markdown_rows(["run"], []) == "| run |\n| --- |"
+    assert markdown_rows(["run"], []) == "| run |\n| --- |"
     with pytest.raises(ValueError, match="has 1 cells, the header 2"):
-        reports.markdown_rows(["run", "r5"], [["a-s1"]])
+        markdown_rows(["run", "r5"], [["a-s1"]])
 
 
 def test_points_table_names_runs_and_scales_to_points() -> None:
